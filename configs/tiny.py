@@ -1,0 +1,40 @@
+"""A tiny randomly initialised BERT on the test fixtures: seconds per run, for tests and smoke checks.
+
+python -m stackft_jax.main --config=configs/tiny.py --workdir=/tmp/tiny
+"""
+
+from pathlib import Path
+
+import ml_collections
+
+from configs import common
+
+FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    c = common.get_config()
+    c.model.name_or_path = "embedded:minilm"  # its tokenizer and vocabulary; weights are random
+    c.model.init = "random"
+    c.model.config_overrides.hidden_size = 32
+    c.model.config_overrides.num_hidden_layers = 2
+    c.model.config_overrides.num_attention_heads = 4
+    c.model.config_overrides.intermediate_size = 64
+    c.head.cls_mlp.hidden_dim = 16
+    c.data.task = "qqp"
+    c.data.train_file = str(FIXTURES / "qqp" / "train.tsv")
+    c.data.dev_file = str(FIXTURES / "qqp" / "dev.tsv")
+    c.max_seq_length = 32
+    c.per_device_batch_size = 1
+    c.eval_per_device_batch_size = 2
+    c.phase1.num_steps = 6
+    c.phase1.gap_eval_examples = 16
+    c.phase1.max_train_dev_gap = 1.0  # never triggers: tests set it when they want it
+    c.phase2.num_steps = 6
+    c.phase2.backbone_learning_rate = 1e-3
+    c.log_every_steps = 2
+    c.eval_every_steps = 3
+    c.checkpoint_every_steps = 2
+    c.async_checkpointing = False
+    common.apply_arg(c, arg, {})
+    return c

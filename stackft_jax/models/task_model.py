@@ -1,0 +1,82 @@
+"""BERT backbone + task head in one module, so parameters split into `backbone/...` and `head/...`."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from stackft_jax.models.bert import BertConfig, BertModel
+from stackft_jax.models.features import Features
+from stackft_jax.models.heads import build_head
+from stackft_jax.models.scalar_mix import ScalarMix
+
+
+class Head(nnx.Module):
+    """Everything that trains in a frozen-backbone phase: the optional scalar mix and the task head."""
+
+    def __init__(
+        self,
+        head_config: ml_collections.ConfigDict,
+        *,
+        bert_config: BertConfig,
+        num_outputs: int,
+        scalar_mix: bool,
+        dtype: jnp.dtype,
+        rngs: nnx.Rngs,
+    ):
+        self.mix = ScalarMix(bert_config.num_hidden_layers + 1) if scalar_mix else None
+        self.net = build_head(
+            head_config,
+            hidden_size=bert_config.hidden_size,
+            num_outputs=num_outputs,
+            dropout_rate=head_config.dropout_rate,
+            dtype=dtype,
+            rngs=rngs,
+        )
+
+    def __call__(self, hidden_states, pooled, batch, *, deterministic: bool, rngs) -> jax.Array:
+        sequence = self.mix(hidden_states) if self.mix is not None else hidden_states[-1]
+        features = Features(
+            sequence=sequence,
+            pooled=pooled,
+            attention_mask=batch["attention_mask"],
+            token_type_ids=batch["token_type_ids"],
+        )
+        return self.net(features, deterministic=deterministic, rngs=rngs)
+
+
+class TaskModel(nnx.Module):
+    def __init__(
+        self,
+        bert_config: BertConfig,
+        head_config: ml_collections.ConfigDict,
+        *,
+        num_outputs: int,
+        scalar_mix: bool,
+        dtype: jnp.dtype = jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        self.backbone = BertModel(bert_config, dtype=dtype, rngs=rngs)
+        self.head = Head(
+            head_config,
+            bert_config=bert_config,
+            num_outputs=num_outputs,
+            scalar_mix=scalar_mix,
+            dtype=dtype,
+            rngs=rngs,
+        )
+
+    def __call__(
+        self, batch: dict[str, jax.Array], *, deterministic: bool, rngs: nnx.Rngs | None = None
+    ) -> jax.Array:
+        out = self.backbone(
+            batch["input_ids"],
+            batch["token_type_ids"],
+            batch["attention_mask"],
+            deterministic=deterministic,
+            rngs=rngs,
+        )
+        logits = self.head(
+            out.hidden_states, out.pooled, batch, deterministic=deterministic, rngs=rngs
+        )
+        return logits.astype(jnp.float32)

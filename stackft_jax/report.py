@@ -1,0 +1,82 @@
+"""What a run leaves for people: metrics.jsonl, TensorBoard events, results.json.
+
+Only process 0 writes. metrics.jsonl holds one JSON object per evaluation; on resume, records newer
+than the restored checkpoint are dropped first, so an interrupted run's file ends identical to an
+uninterrupted one's."""
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+class RunReport:
+    def __init__(self, workdir: str | Path):
+        self.workdir = Path(workdir)
+        self.enabled = jax.process_index() == 0
+        self.metrics_path = self.workdir / "metrics.jsonl"
+        self._tb = None
+
+    @property
+    def tensorboard(self):
+        if self._tb is None and self.enabled:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.workdir / "tensorboard"))
+        return self._tb
+
+    def records(self) -> list[dict[str, Any]]:
+        if not self.metrics_path.exists():
+            return []
+        with self.metrics_path.open() as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def keep_records(self, keep) -> None:
+        """Rewrites metrics.jsonl with only the records for which `keep(record)` is true."""
+        if not self.enabled or not self.metrics_path.exists():
+            return
+        kept = [r for r in self.records() if keep(r)]
+        tmp = self.metrics_path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        os.replace(tmp, self.metrics_path)
+
+    def eval(
+        self, *, phase: str, step: int, global_step: int, split: str, metrics: dict[str, float]
+    ) -> None:
+        if not self.enabled:
+            return
+        record = {
+            "phase": phase,
+            "step": step,
+            "global_step": global_step,
+            "split": split,
+            **{k: _finite_or_none(v) for k, v in metrics.items()},
+        }
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        for name, value in metrics.items():
+            self.tensorboard.add_scalar(f"{split}/{name}", value, global_step)
+
+    def train(self, *, global_step: int, metrics: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        for name, value in metrics.items():
+            self.tensorboard.add_scalar(f"train/{name}", value, global_step)
+
+    def results(self, results: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        tmp = self.workdir / "results.json.tmp"
+        tmp.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, self.workdir / "results.json")
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()

@@ -1,0 +1,47 @@
+"""Device mesh and data placement. Data parallel: parameters replicated, batch split on `data`.
+
+The same code runs on one CPU, on virtual CPU devices, on a TPU VM's cores and on a multi-host pod,
+where each process holds its contiguous share of the global batch."""
+
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+DATA_AXIS = "data"
+
+
+def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
+    devices = jax.devices() if devices is None else list(devices)
+    return Mesh(np.asarray(devices), (DATA_AXIS,))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def data_sharded(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+
+
+def global_batch_size(per_device_batch_size: int, mesh: Mesh) -> int:
+    return per_device_batch_size * mesh.size
+
+
+def put_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """This process's rows of the global batch -> global arrays sharded over `data`."""
+    sharding = data_sharded(mesh)
+    return {
+        key: jax.make_array_from_process_local_data(sharding, value)
+        for key, value in local_batch.items()
+    }
+
+
+def to_host(tree):
+    """Fully replicated or sharded global arrays -> numpy on every process."""
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(tree, tiled=True)

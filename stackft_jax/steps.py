@@ -1,0 +1,78 @@
+"""Pure, module-level train and eval steps. `train.py` binds the static arguments and jits them once
+per phase; the state is donated."""
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+Batch = dict[str, jax.Array]
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array
+    params: Any
+    opt_state: Any
+
+
+def task_loss(logits: jax.Array, batch: Batch, kind: str) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Summed (not averaged) loss and statistics, weighted so that padding examples count zero."""
+    weights = batch["weights"]
+    if kind == "classification":
+        per_example = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"])
+        correct = (jnp.argmax(logits, -1) == batch["labels"]) * weights
+        stats = {"correct": correct.sum()}
+    elif kind == "regression":
+        per_example = jnp.square(logits[:, 0] - batch["labels"])
+        stats = {}
+    else:
+        raise ValueError(f"unknown task kind {kind!r}")
+    loss_sum = (per_example * weights).sum()
+    return loss_sum, {"loss_sum": loss_sum, "count": weights.sum(), **stats}
+
+
+def train_step(
+    state: TrainState,
+    batch: Batch,
+    *,
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    trainable: Any,
+    kind: str,
+    dropout_key: jax.Array,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimizer step. Frozen leaves (`trainable` False) enter the forward pass behind
+    `stop_gradient`, so no backward pass runs through a frozen backbone, and they are returned untouched
+    (bit-identical, not `p + 0`)."""
+    # Dropout masks depend only on (seed, phase, step): a resumed run draws the same ones.
+    step_key = jax.random.fold_in(dropout_key, state.step)
+
+    def loss_fn(params):
+        params = jax.tree.map(lambda t, p: p if t else jax.lax.stop_gradient(p), trainable, params)
+        model = nnx.merge(graphdef, params)
+        logits = model(batch, deterministic=False, rngs=nnx.Rngs(dropout=step_key))
+        loss_sum, stats = task_loss(logits, batch, kind)
+        return loss_sum / jnp.maximum(stats["count"], 1.0), stats
+
+    (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    stepped = optax.apply_updates(state.params, updates)
+    params = jax.tree.map(lambda t, old, new: new if t else old, trainable, state.params, stepped)
+    trainable_grads = jax.tree.map(lambda t, g: g if t else None, trainable, grads)
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(trainable_grads), **stats}
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def eval_step(
+    params: Any, batch: Batch, *, graphdef: nnx.GraphDef, kind: str
+) -> dict[str, jax.Array]:
+    """Per-example predictions (class id or regression value) and the summed loss."""
+    model = nnx.merge(graphdef, params)
+    logits = model(batch, deterministic=True)
+    _, stats = task_loss(logits, batch, kind)
+    predictions = jnp.argmax(logits, -1) if kind == "classification" else logits[:, 0]
+    return {"predictions": predictions, **stats}

@@ -1,0 +1,454 @@
+"""Orchestration only: mesh, data, model, then `for phase in phases`.
+
+`run(config, workdir)` is what the command line, the Colab notebook and the tests call. Rerunning it with
+the same workdir resumes where the last run stopped (see checkpointing.py for the order).
+"""
+
+import dataclasses
+import functools
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+from tqdm import tqdm
+
+from stackft_jax import checkpointing, metrics, optim, phases, sharding, steps
+from stackft_jax.data import batching, tasks, tokenization
+from stackft_jax.models import bert
+from stackft_jax.models.task_model import TaskModel
+from stackft_jax.report import RunReport
+
+log = logging.getLogger(__name__)
+
+# Test hook: "PHASE:STEP" makes the process SIGKILL itself right after that step, to prove that a run
+# killed at any moment resumes to the same result.
+KILL_AT_ENV = "STACKFT_JAX_KILL_AT"
+SPLITS = ("train", "dev", "test")
+
+
+class Preempted(SystemExit):
+    """Raised after SIGTERM once a checkpoint is safely written; rerunning the command resumes."""
+
+
+@dataclasses.dataclass
+class Context:
+    """What every phase shares: built once in `run`."""
+
+    config: ml_collections.ConfigDict
+    workdir: Path
+    mesh: jax.sharding.Mesh
+    task: tasks.TaskSpec
+    datasets: dict[str, tokenization.TokenizedDataset]
+    graphdef: nnx.GraphDef
+    num_layers: int
+    buckets: tuple[int, ...]
+    global_batch_size: int
+    eval_global_batch_size: int
+    report: RunReport
+    eval_fn: Any
+
+    @property
+    def primary_metric(self) -> str:
+        return self.task.metrics[0]
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+    """Fails early, naming the config key, before any expensive work."""
+    if config.strategy not in phases.STRATEGIES:
+        raise ValueError(f"config.strategy={config.strategy!r}: choose one of {phases.STRATEGIES}")
+    for split in SPLITS:
+        path = config.data[f"{split}_file"]
+        if path and not Path(path).exists():
+            raise FileNotFoundError(f"config.data.{split}_file: no such file: {path}")
+    if config.model.init not in ("pretrained", "random"):
+        raise ValueError(f"config.model.init={config.model.init!r}: choose pretrained or random")
+    if config.model.dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"config.model.dtype={config.model.dtype!r}: choose float32 or bfloat16")
+    for key in (
+        "log_every_steps",
+        "eval_every_steps",
+        "checkpoint_every_steps",
+        "per_device_batch_size",
+        "eval_per_device_batch_size",
+        "max_seq_length",
+    ):
+        if config[key] <= 0:
+            raise ValueError(f"config.{key} must be positive, got {config[key]}")
+
+
+def load_datasets(config, task, tokenizer) -> dict[str, tokenization.TokenizedDataset]:
+    cache_dir = config.data.cache_dir or os.environ.get(
+        "STACKFT_JAX_CACHE", str(Path.home() / ".cache" / "stackft_jax")
+    )
+    datasets = {}
+    for split in SPLITS:
+        path = config.data[f"{split}_file"]
+        if split == "test" and not path:
+            continue  # a test split is evaluated only when given as a local file
+        examples = tasks.load_examples(task, split, path)
+        if split == "test" and all(e.label == -1 for e in examples):
+            log.info("test split has no labels: not evaluated")
+            continue
+        datasets[split] = tokenization.tokenize_examples(
+            tokenizer,
+            examples,
+            max_seq_length=config.max_seq_length,
+            task=task,
+            cache_dir=Path(cache_dir) / "tokenized",
+        )
+    return datasets
+
+
+def build_model(config, task, model_dir: Path) -> tuple[TaskModel, bert.BertConfig]:
+    bert_config = bert.BertConfig.from_pretrained(model_dir)
+    overrides = {k: v for k, v in config.model.config_overrides.items() if v}
+    if config.model.dropout_rate is not None:
+        overrides.update(
+            hidden_dropout_prob=config.model.dropout_rate,
+            attention_probs_dropout_prob=config.model.dropout_rate,
+        )
+    bert_config = dataclasses.replace(bert_config, **overrides)
+    model = TaskModel(
+        bert_config,
+        config.head,
+        num_outputs=task.num_outputs,
+        scalar_mix=config.model.scalar_mix,
+        dtype=jnp.dtype(config.model.dtype),
+        rngs=nnx.Rngs(params=config.seed),
+    )
+    if config.model.init == "pretrained":
+        if overrides.keys() - {"hidden_dropout_prob", "attention_probs_dropout_prob"}:
+            raise ValueError(
+                "config.model.config_overrides change the architecture: they need "
+                "config.model.init='random'"
+            )
+        bert.load_pretrained_weights(
+            model.backbone, model_dir, allow_pickle=config.model.allow_pickle
+        )
+    return model, bert_config
+
+
+def evaluate(ctx: Context, params, split: str, limit: int | None = None) -> dict[str, float]:
+    dataset = ctx.datasets[split]
+    predictions, indices, loss_sum, count = [], [], 0.0, 0.0
+    for batch in batching.eval_batches(
+        dataset, global_batch_size=ctx.eval_global_batch_size, buckets=ctx.buckets, limit=limit
+    ):
+        index = batch.pop("index")
+        local = batching.process_slice(batch, jax.process_index(), jax.process_count())
+        out = sharding.to_host(ctx.eval_fn(params, sharding.put_batch(local, ctx.mesh)))
+        predictions.append(np.asarray(out["predictions"])[index >= 0])
+        indices.append(index[index >= 0])
+        loss_sum += float(out["loss_sum"])
+        count += float(out["count"])
+    order = np.concatenate(indices)
+    labels = dataset.labels[order]
+    values = metrics.compute_metrics(ctx.task.metrics, np.concatenate(predictions), labels)
+    return {**values, "loss": loss_sum / max(count, 1.0)}
+
+
+def _install_sigterm_flag() -> dict[str, bool]:
+    flag = {"set": False}
+
+    def handler(signum, frame):
+        flag["set"] = True
+
+    if jax.process_count() == 1 and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        try:
+            signal.signal(signal.SIGTERM, handler)
+        except ValueError:  # not the main thread (e.g. some notebook runners): keep the default
+            pass
+    return flag
+
+
+def _kill_requested(phase: str, step: int) -> bool:
+    target = os.environ.get(KILL_AT_ENV, "")
+    return target == f"{phase}:{step}"
+
+
+def run_phase(
+    ctx: Context, phase: phases.Phase, index: int, params, global_offset: int, best: dict
+) -> tuple[Any, dict]:
+    """Trains one phase to its stop; returns its final parameters and its record."""
+    config, mesh = ctx.config, ctx.mesh
+    replicated = sharding.replicated(mesh)
+    tx, labels = optim.build_optimizer(
+        params,
+        rules=phase.rules,
+        learning_rates=phase.learning_rates,
+        num_steps=phase.num_steps,
+        warmup_steps=phase.warmup_steps,
+        schedule=phase.schedule,
+        weight_decay=phase.weight_decay,
+        max_grad_norm=config.max_grad_norm,
+    )
+    trainable = optim.trainable_mask(labels)
+
+    @functools.partial(jax.jit, out_shardings=replicated)
+    def init_state(p):
+        return {"step": jnp.zeros((), jnp.int32), "params": p, "opt_state": tx.init(p)}
+
+    checkpoints = checkpointing.PhaseCheckpoints(
+        ctx.workdir,
+        phase.name,
+        max_to_keep=config.keep_checkpoints,
+        async_save=config.async_checkpointing,
+    )
+    best_checkpoint = checkpointing.BestCheckpoint(
+        ctx.workdir, async_save=config.async_checkpointing
+    )
+    tracker = phases.StopTracker(phase.stop)
+    wall_time = 0.0
+    latest = checkpoints.latest_step()
+    if latest is not None:
+        abstract = checkpointing.abstract_like(jax.eval_shape(init_state, params), replicated)
+        state, meta = checkpoints.restore(latest, abstract)
+        best_checkpoint.discard_after(global_offset + latest)
+        tracker.load_state_dict(meta["stop"])
+        best, wall_time = meta["best"], meta["wall_time_s"]
+        log.info("resumed %s at step %d", phase.name, latest)
+    else:
+        state = init_state(params)
+    start_step = int(state["step"])
+    # Drop what a killed run logged after its last checkpoint, so the record is written once.
+    ctx.report.keep_records(lambda r: r["global_step"] <= global_offset + start_step)
+
+    train_step = jax.jit(
+        functools.partial(
+            steps.train_step,
+            graphdef=ctx.graphdef,
+            tx=tx,
+            trainable=trainable,
+            kind=ctx.task.kind,
+            dropout_key=jax.random.fold_in(jax.random.key(config.seed), index),
+        ),
+        in_shardings=(replicated, sharding.data_sharded(mesh)),
+        out_shardings=(replicated, replicated),
+        donate_argnums=0,
+    )
+    state = steps.TrainState(**state)
+    log.info(
+        "%s: %d steps, trainable groups %s, optimizer state %.1f MB",
+        phase.name,
+        phase.num_steps,
+        phase.learning_rates,
+        optim.optimizer_state_bytes(state.opt_state) / 2**20,
+    )
+
+    def meta() -> dict:
+        return {
+            "stop": tracker.state_dict(),
+            "best": best,
+            "wall_time_s": wall_time + time.time() - started,
+        }
+
+    def save(step: int) -> None:
+        checkpoints.save(
+            step, {"step": state.step, "params": state.params, "opt_state": state.opt_state}, meta()
+        )
+
+    sigterm = _install_sigterm_flag()
+    started = time.time()
+    step, stop_reason = start_step, None
+    window: list[dict] = []
+    window_start = time.time()
+    progress = tqdm(
+        total=phase.num_steps,
+        initial=step,
+        desc=phase.name,
+        dynamic_ncols=True,
+        disable=jax.process_index() != 0,
+    )
+    batches: Iterator = batching.train_batches(
+        ctx.datasets["train"],
+        start_step=step,
+        global_batch_size=ctx.global_batch_size,
+        seed=config.seed * 1000 + index,
+        buckets=ctx.buckets,
+    )
+    while stop_reason is None and step < phase.num_steps:
+        local = batching.process_slice(next(batches), jax.process_index(), jax.process_count())
+        state, step_metrics = train_step(state, sharding.put_batch(local, mesh))
+        step += 1
+        window.append(step_metrics)
+        progress.update(1)
+
+        if step % config.log_every_steps == 0 or step == phase.num_steps:
+            host = jax.device_get(window)
+            loss = float(np.mean([m["loss"] for m in host]))
+            if not np.isfinite(loss):
+                raise FloatingPointError(f"{phase.name} step {step}: training loss is {loss}")
+            rate = len(host) * ctx.global_batch_size / max(time.time() - window_start, 1e-9)
+            train_stats = {
+                "loss": loss,
+                "grad_norm": float(np.mean([m["grad_norm"] for m in host])),
+                "examples_per_s": rate,
+            }
+            if ctx.task.kind == "classification":
+                train_stats["running_accuracy"] = sum(float(m["correct"]) for m in host) / sum(
+                    float(m["count"]) for m in host
+                )
+            ctx.report.train(global_step=global_offset + step, metrics=train_stats)
+            progress.set_postfix(loss=f"{loss:.4f}", ex_per_s=f"{rate:.1f}")
+            window, window_start = [], time.time()
+
+        if step % config.eval_every_steps == 0 or step == phase.num_steps:
+            dev = evaluate(ctx, state.params, "dev")
+            ctx.report.eval(
+                phase=phase.name,
+                step=step,
+                global_step=global_offset + step,
+                split="dev",
+                metrics=dev,
+            )
+            train_accuracy = None
+            if phase.gap_eval_examples:
+                train_eval = evaluate(ctx, state.params, "train", limit=phase.gap_eval_examples)
+                ctx.report.eval(
+                    phase=phase.name,
+                    step=step,
+                    global_step=global_offset + step,
+                    split="train_subset",
+                    metrics=train_eval,
+                )
+                train_accuracy = train_eval.get("accuracy")
+            stop_reason = tracker.update(
+                dev[ctx.primary_metric],
+                train_accuracy=train_accuracy,
+                dev_accuracy=dev.get("accuracy"),
+            )
+            if best.get("value") is None or dev[ctx.primary_metric] > best["value"]:
+                best = {
+                    "value": dev[ctx.primary_metric],
+                    "metric": ctx.primary_metric,
+                    "phase": phase.name,
+                    "step": step,
+                    "global_step": global_offset + step,
+                    "dev": dev,
+                }
+                best_checkpoint.save(global_offset + step, state.params, best)
+            progress.write(
+                f"{phase.name} step {step}: dev "
+                + " ".join(f"{k}={v:.4f}" for k, v in dev.items())
+                + (
+                    f" train_subset accuracy={train_accuracy:.4f}"
+                    if train_accuracy is not None
+                    else ""
+                )
+            )
+
+        if step % config.checkpoint_every_steps == 0 or sigterm["set"]:
+            save(step)
+        if sigterm["set"]:
+            checkpoints.close()
+            best_checkpoint.close()
+            raise Preempted(
+                f"SIGTERM: checkpoint saved at {phase.name} step {step}; rerun the "
+                "same command to resume"
+            )
+        if _kill_requested(phase.name, step):
+            os.kill(os.getpid(), signal.SIGKILL)
+    progress.close()
+    checkpoints.close()
+    best_checkpoint.close()
+
+    stop_reason = stop_reason or f"step budget of {phase.num_steps} steps"
+    log.info("%s stopped after %d steps: %s", phase.name, step, stop_reason)
+    record = {
+        "phase": phase.name,
+        "steps": step,
+        "stop_reason": stop_reason,
+        "wall_time_s": wall_time + time.time() - started,
+        "best": best,
+        "learning_rates": phase.learning_rates,
+        "optimizer_state_bytes": optim.optimizer_state_bytes(state.opt_state),
+    }
+    return state.params, record
+
+
+def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
+    """Trains and evaluates every phase of `config.strategy`; returns (and writes) results.json."""
+    check_config(config)
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    mesh = sharding.make_mesh()
+    task = tasks.get_task(config.data.task)
+    model_dir = bert.resolve_model_dir(config.model.name_or_path)
+    datasets = load_datasets(config, task, tokenization.load_tokenizer(model_dir))
+    model, bert_config = build_model(config, task, model_dir)
+    graphdef, state = nnx.split(model)
+    params = jax.device_put(nnx.to_pure_dict(state), sharding.replicated(mesh))
+    del model, state
+
+    global_batch = sharding.global_batch_size(config.per_device_batch_size, mesh)
+    ctx = Context(
+        config=config,
+        workdir=workdir,
+        mesh=mesh,
+        task=task,
+        datasets=datasets,
+        graphdef=graphdef,
+        num_layers=bert_config.num_hidden_layers,
+        buckets=batching.length_buckets(config.max_seq_length),
+        global_batch_size=global_batch,
+        eval_global_batch_size=sharding.global_batch_size(config.eval_per_device_batch_size, mesh),
+        report=RunReport(workdir),
+        eval_fn=jax.jit(
+            functools.partial(steps.eval_step, graphdef=graphdef, kind=task.kind),
+            in_shardings=(sharding.replicated(mesh), sharding.data_sharded(mesh)),
+            out_shardings=sharding.replicated(mesh),
+        ),
+    )
+    steps_per_epoch = batching.steps_per_epoch(len(datasets["train"]), global_batch)
+    plan = phases.phases_for(config, steps_per_epoch, bert_config.num_hidden_layers)
+    log.info(
+        "%s on %d devices, global batch %d, %d train examples (%d steps/epoch), phases %s",
+        config.strategy,
+        mesh.size,
+        global_batch,
+        len(datasets["train"]),
+        steps_per_epoch,
+        [(p.name, p.num_steps) for p in plan],
+    )
+
+    records, best, global_offset = [], {}, 0
+    for index, phase in enumerate(plan):
+        finished = checkpointing.load_phase_end(
+            workdir, phase.name, checkpointing.abstract_like(params, sharding.replicated(mesh))
+        )
+        if finished is not None:
+            params, record = finished
+            log.info("%s already finished (%s)", phase.name, record["stop_reason"])
+        else:
+            params, record = run_phase(ctx, phase, index, params, global_offset, best)
+            checkpointing.save_phase_end(workdir, phase.name, params, record)
+        records.append(record)
+        best = record["best"]
+        global_offset += record["steps"]
+
+    final_started = time.time()
+    final = {split: evaluate(ctx, params, split) for split in ("dev", "test") if split in datasets}
+    results = {
+        "config": config.to_dict(),
+        "strategy": config.strategy,
+        "seed": config.seed,
+        "num_devices": mesh.size,
+        "global_batch_size": global_batch,
+        "phases": records,
+        "final": final,
+        "best": best,
+        # Training and evaluation time summed over every process lifetime of this run (resumes too).
+        "wall_time_s": sum(r["wall_time_s"] for r in records) + time.time() - final_started,
+    }
+    ctx.report.results(results)
+    ctx.report.close()
+    return results

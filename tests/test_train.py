@@ -1,0 +1,160 @@
+"""End to end on the tiny config: outputs, errors, and resume after kills at any moment."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from configs import tiny
+from stackft_jax import checkpointing, sharding, train
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _cli(workdir: Path, *args: str, kill_at: str | None = None, wait: bool = True):
+    env = dict(os.environ)
+    env.pop(train.KILL_AT_ENV, None)
+    if kill_at:
+        env[train.KILL_AT_ENV] = kill_at
+    cmd = [
+        sys.executable,
+        "-m",
+        "stackft_jax.main",
+        "--config=configs/tiny.py",
+        f"--workdir={workdir}",
+        *args,
+    ]
+    if not wait:
+        return subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _final_params(workdir: Path):
+    with ocp.StandardCheckpointer() as checkpointer:
+        return checkpointer.restore(checkpointing.phase_end_path(workdir, "phase2") / "params")
+
+
+def _eval_records(workdir: Path) -> list[dict]:
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    workdir = tmp_path_factory.mktemp("uninterrupted")
+    proc = _cli(workdir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return workdir
+
+
+def _assert_same_run(a: Path, b: Path) -> None:
+    ra, rb = (json.loads((w / "results.json").read_text()) for w in (a, b))
+    assert ra["final"] == rb["final"]
+    assert ra["best"] == rb["best"]
+    assert [(p["phase"], p["steps"], p["stop_reason"]) for p in ra["phases"]] == [
+        (p["phase"], p["steps"], p["stop_reason"]) for p in rb["phases"]
+    ]
+    assert _eval_records(a) == _eval_records(b)
+    pa, pb = _final_params(a), _final_params(b)
+    jax.tree.map(np.testing.assert_array_equal, pa, pb)
+
+
+def test_outputs(uninterrupted):
+    results = json.loads((uninterrupted / "results.json").read_text())
+    assert results["strategy"] == "stack_and_finetune"
+    assert results["num_devices"] == 8 and results["global_batch_size"] == 8
+    assert [p["phase"] for p in results["phases"]] == ["phase1", "phase2"]
+    assert all(p["stop_reason"].startswith("step budget") for p in results["phases"])
+    assert set(results["final"]["dev"]) == {"accuracy", "f1", "loss"}
+    assert results["config"]["strategy"] == "stack_and_finetune"
+    records = _eval_records(uninterrupted)
+    assert {(r["phase"], r["step"], r["split"]) for r in records} >= {
+        ("phase1", 3, "dev"),
+        ("phase1", 6, "dev"),
+        ("phase1", 3, "train_subset"),
+        ("phase2", 3, "dev"),
+        ("phase2", 6, "dev"),
+    }
+    assert list((uninterrupted / "tensorboard").glob("events.out.tfevents.*"))
+    for name in ("phase1_end", "phase2_end", "best"):
+        assert (uninterrupted / "checkpoints" / name).is_dir()
+    # Phase 1 held optimizer state for the head only.
+    p1, p2 = results["phases"]
+    assert p1["optimizer_state_bytes"] < p2["optimizer_state_bytes"] / 100
+
+
+def test_sigkill_inside_phase1_at_the_boundary_and_inside_phase2(uninterrupted, tmp_path):
+    for kill_at in ("phase1:3", "phase1:6", "phase2:5"):
+        proc = _cli(tmp_path, kill_at=kill_at)
+        assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    assert (tmp_path / "checkpoints" / "phase1_end").is_dir()
+    proc = _cli(tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _assert_same_run(uninterrupted, tmp_path)
+
+
+def test_sigterm_saves_and_resumes(uninterrupted, tmp_path):
+    proc = _cli(tmp_path, wait=False)
+    deadline = time.time() + 300
+    while not list((tmp_path / "checkpoints" / "phase1").glob("[0-9]*")):
+        assert proc.poll() is None and time.time() < deadline, "run ended before a checkpoint"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0 and "rerun the same command" in out, out
+    proc = _cli(tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _assert_same_run(uninterrupted, tmp_path)
+
+
+def test_mistyped_config_key_is_an_error(tmp_path):
+    proc = _cli(tmp_path, "--config.phase1.lerning_rate=0.1")
+    assert proc.returncode != 0
+    assert "lerning_rate" in proc.stderr
+
+
+def test_missing_data_file_names_the_key(tmp_path):
+    config = tiny.get_config()
+    config.data.dev_file = str(tmp_path / "nope.tsv")
+    with pytest.raises(FileNotFoundError, match=r"data\.dev_file.*nope\.tsv"):
+        train.run(config, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_preset_argument_errors():
+    with pytest.raises(KeyError, match="phase1.nope"):
+        tiny.get_config("phase1.nope=3")
+    config = tiny.get_config("strategy=finetune_only,phase2.num_steps=4")
+    assert config.strategy == "finetune_only" and config.phase2.num_steps == 4
+
+
+@pytest.mark.parametrize("strategy", ["finetune_only", "stack_only"])
+def test_single_phase_strategies(strategy, tmp_path):
+    config = tiny.get_config(f"strategy={strategy}")
+    config.model.scalar_mix = strategy == "stack_only"
+    results = train.run(config, tmp_path)
+    name = {"finetune_only": "finetune", "stack_only": "stack"}[strategy]
+    assert [p["phase"] for p in results["phases"]] == [name]
+    assert 0.0 <= results["final"]["dev"]["accuracy"] <= 1.0
+
+
+def test_gap_rule_stops_phase1_early(tmp_path):
+    config = tiny.get_config()
+    config.phase1.max_train_dev_gap = -1.0  # any gap at all exceeds this
+    config.phase1.num_steps = 9
+    results = train.run(config, tmp_path)
+    phase1 = results["phases"][0]
+    assert phase1["steps"] == 3 and "gap" in phase1["stop_reason"]
+
+
+def test_devices(tmp_path):
+    assert sharding.make_mesh().size == jax.device_count() == 8
