@@ -85,10 +85,22 @@ def get_config() -> ml_collections.ConfigDict:
     return c
 
 
+SHORTHANDS = {"task": "data.task", "head": "head.name"}
+
+
+def expand_shorthands(arg: str | None) -> list[str]:
+    """`task=mrpc,head=esim` -> `data.task=mrpc`, `head.name=esim`; other items unchanged."""
+    items = []
+    for item in filter(None, (arg or "").split(",")):
+        key, sep, value = item.partition("=")
+        items.append(f"{SHORTHANDS.get(key, key)}={value}" if sep else item)
+    return items
+
+
 def apply_arg(config: ml_collections.ConfigDict, arg: str | None, presets: dict) -> None:
     """Applies `name1,key=value,...` from `--config=file.py:<arg>` in order; presets are functions
     that edit the config in place."""
-    for item in filter(None, (arg or "").split(",")):
+    for item in expand_shorthands(arg):
         if "=" not in item:
             if item not in presets:
                 raise ValueError(

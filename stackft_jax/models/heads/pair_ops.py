@@ -104,7 +104,7 @@ class MaskedBiLstm(nnx.Module):
         # A float32 cell state whatever the compute dtype: it accumulates over the whole sentence.
         zeros = jnp.zeros((x.shape[0], self.units), jnp.float32)
         carry = (zeros, zeros)
-        outputs = self.bilstm(x, initial_carry=(carry, carry))
+        outputs = self.bilstm(x, initial_carry=(carry, carry), seq_lengths=lengths)
         mask = jnp.arange(x.shape[1])[None, :, None] < lengths[:, None, None]
         outputs = jnp.where(mask, outputs, 0).astype(x.dtype)
         forward_last = last_valid(outputs[..., : self.units], lengths)
