@@ -10,19 +10,19 @@ from flax import nnx
 
 from stackft_jax.models.heads import bimpm, cls_mlp, esim, sim_transformer
 
-# name -> (module with default_config(), head class)
+# name -> (function returning the head's default config block, head class)
 HEADS = {
-    "cls_mlp": (cls_mlp, cls_mlp.ClsMlpHead),
-    "bimpm": (bimpm, bimpm.BiMpmHead),
-    "bimpm_no_context": (bimpm.NO_CONTEXT, bimpm.BiMpmHead),
-    "sim_transformer": (sim_transformer, sim_transformer.SimTransformerHead),
-    "esim": (esim, esim.EsimHead),
+    "cls_mlp": (cls_mlp.default_config, cls_mlp.ClsMlpHead),
+    "bimpm": (bimpm.default_config, bimpm.BiMpmHead),
+    "bimpm_no_context": (bimpm.no_context_default_config, bimpm.BiMpmHead),
+    "sim_transformer": (sim_transformer.default_config, sim_transformer.SimTransformerHead),
+    "esim": (esim.default_config, esim.EsimHead),
 }
 
 
 def default_head_configs() -> ml_collections.ConfigDict:
     """One config block per registered head, e.g. `config.head.cls_mlp.hidden_dim`."""
-    return ml_collections.ConfigDict({name: mod.default_config() for name, (mod, _) in HEADS.items()})
+    return ml_collections.ConfigDict({name: default() for name, (default, _) in HEADS.items()})
 
 
 def build_head(head_config: ml_collections.ConfigDict, **kwargs) -> nnx.Module:

@@ -9,8 +9,6 @@ Registered twice: `bimpm`, and `bimpm_no_context`, the same head with `use_conte
 which matches the BERT states directly.
 """
 
-import types
-
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -50,11 +48,6 @@ def no_context_default_config() -> ml_collections.ConfigDict:
     config = default_config()
     config.use_context_lstm = False
     return config
-
-
-# Stands in for a module in HEADS (which needs an object with `default_config()`), so that
-# `bimpm_no_context` has its own config block with the context BiLSTM off.
-NO_CONTEXT = types.SimpleNamespace(default_config=no_context_default_config)
 
 
 def _cosine(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -246,9 +239,7 @@ class BiMpmHead(nnx.Module):
         )
         self.output = nnx.Linear(config.mlp_hidden_dim, num_outputs, dtype=dtype, rngs=rngs)
 
-    def __call__(
-        self, features: Features, *, deterministic: bool, rngs: nnx.Rngs | None = None
-    ) -> jax.Array:
+    def __call__(self, features: Features, *, deterministic: bool, rngs: nnx.Rngs | None = None) -> jax.Array:
         p, q = split_pair(features, self.dtype)
         match_p, match_q = self.matching(p, q, deterministic=deterministic, rngs=rngs)
         match = self.dropout(stack_pair(match_p, match_q), deterministic=deterministic, rngs=rngs)
