@@ -378,6 +378,10 @@ def run_phase(
 def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
     """Trains and evaluates every phase of `config.strategy`; returns (and writes) results.json."""
     check_config(config)
+    if "://" in str(workdir):
+        raise ValueError(f"--workdir={workdir}: use a local or shared-filesystem folder; object stores "
+                         "are not supported for metrics.jsonl/results.json (launch/run.sh can mirror "
+                         "a workdir to a bucket with BACKUP_URL)")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     mesh = sharding.make_mesh()

@@ -130,6 +130,11 @@ def test_missing_data_file_names_the_key(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_object_store_workdir_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="gs://bucket/run"):
+        train.run(tiny.get_config(), "gs://bucket/run")
+
+
 def test_preset_argument_errors():
     with pytest.raises(KeyError, match="phase1.nope"):
         tiny.get_config("phase1.nope=3")
