@@ -1,0 +1,115 @@
+"""Dev accuracy of every head x strategy x seed on one task: the comparison the papers argue about.
+
+Each run is a normal `train.run` in its own workdir (so an interrupted grid resumes where it stopped:
+finished runs are read back from their results.json). Prints a mean +- std table and writes JSON.
+
+    python benchmarks/compare_strategies.py --model=embedded:minilm \
+        --train_file=../shared/data/qqp/train.tsv --dev_file=../shared/data/qqp/dev.tsv \
+        --heads=cls_mlp,bimpm,bimpm_no_context,sim_transformer,esim --seeds=0,1,2 \
+        --steps=100 --out=benchmarks/out/compare_qqp
+
+Budget: every strategy gets the same number of optimizer steps, `--steps`; stack_and_finetune splits
+them between its phases (phase 1 may stop early by its gap rule; phase 2 then still gets its half).
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from configs import quora  # noqa: E402
+from stackft_jax import train  # noqa: E402
+
+STRATEGIES = ("finetune_only", "stack_only", "stack_and_finetune")
+
+
+def make_config(args: argparse.Namespace, head: str, strategy: str, seed: int):
+    config = quora.get_config()
+    config.model.name_or_path = args.model
+    config.data.train_file = args.train_file
+    config.data.dev_file = args.dev_file
+    config.head.name = head
+    config.strategy = strategy
+    config.seed = seed
+    config.max_seq_length = args.max_seq_length
+    config.per_device_batch_size = args.per_device_batch_size
+    config.model.scalar_mix = strategy == "stack_only" and args.scalar_mix_for_stack_only
+    half = args.steps // 2
+    config.phase1.num_steps = args.steps if strategy == "stack_only" else half
+    config.phase2.num_steps = args.steps if strategy == "finetune_only" else args.steps - half
+    config.phase1.gap_eval_examples = args.gap_eval_examples
+    config.phase2.backbone_learning_rate = args.backbone_lr
+    config.eval_every_steps = args.eval_every_steps
+    config.checkpoint_every_steps = args.eval_every_steps
+    config.keep_checkpoints = 1
+    return config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--model", default="embedded:minilm")
+    parser.add_argument("--train_file", default=str(REPO.parent / "shared/data/qqp/train.tsv"))
+    parser.add_argument("--dev_file", default=str(REPO.parent / "shared/data/qqp/dev.tsv"))
+    parser.add_argument("--heads", default="cls_mlp,bimpm,bimpm_no_context,sim_transformer,esim")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES))
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--max_seq_length", type=int, default=64)
+    parser.add_argument("--per_device_batch_size", type=int, default=32)
+    parser.add_argument("--gap_eval_examples", type=int, default=1000)
+    parser.add_argument("--backbone_lr", type=float, default=5e-5)
+    parser.add_argument("--eval_every_steps", type=int, default=50)
+    parser.add_argument("--scalar_mix_for_stack_only", action=argparse.BooleanOptionalAction,
+                        default=True)
+    parser.add_argument("--out", default="benchmarks/out/compare")
+    args = parser.parse_args()
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for head in args.heads.split(","):
+        for strategy in args.strategies.split(","):
+            for seed in map(int, args.seeds.split(",")):
+                workdir = out / "runs" / f"{head}-{strategy}-seed{seed}"
+                results_path = workdir / "results.json"
+                started = time.time()
+                if results_path.exists():
+                    results = json.loads(results_path.read_text())
+                else:
+                    results = train.run(make_config(args, head, strategy, seed), workdir)
+                dev = results["final"]["dev"]
+                rows.append({"head": head, "strategy": strategy, "seed": seed, **dev,
+                             "phases": [(p["phase"], p["steps"], p["stop_reason"])
+                                        for p in results["phases"]],
+                             "wall_time_s": results["wall_time_s"]})
+                print(f"{head:18s} {strategy:20s} seed {seed}: dev accuracy {dev['accuracy']:.4f} "
+                      f"f1 {dev['f1']:.4f} ({time.time() - started:.0f} s)", flush=True)
+
+    table = ["| head | strategy | dev accuracy (mean ± std) | dev F1 (mean ± std) | seeds |",
+             "| --- | --- | --- | --- | --- |"]
+    summary = []
+    for head in args.heads.split(","):
+        for strategy in args.strategies.split(","):
+            runs = [r for r in rows if r["head"] == head and r["strategy"] == strategy]
+            acc = [r["accuracy"] for r in runs]
+            f1 = [r["f1"] for r in runs]
+            std = statistics.stdev if len(runs) > 1 else (lambda _: 0.0)
+            summary.append({"head": head, "strategy": strategy, "accuracy_mean": statistics.mean(acc),
+                            "accuracy_std": std(acc), "f1_mean": statistics.mean(f1),
+                            "f1_std": std(f1), "seeds": len(runs)})
+            s = summary[-1]
+            table.append(f"| {head} | {strategy} | {s['accuracy_mean']:.4f} ± {s['accuracy_std']:.4f} "
+                         f"| {s['f1_mean']:.4f} ± {s['f1_std']:.4f} | {len(runs)} |")
+    print("\n".join(table))
+    (out / "compare.json").write_text(json.dumps(
+        {"args": vars(args), "runs": rows, "summary": summary}, indent=2))
+    (out / "table.md").write_text("\n".join(table) + "\n")
+
+
+if __name__ == "__main__":
+    main()
