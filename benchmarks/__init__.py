@@ -1,0 +1,1 @@
+"""Speed, memory, static-shape and input-pipeline benchmarks; run them as `python -m benchmarks.<name>`."""

@@ -1,0 +1,177 @@
+"""Experiment: how much proposed changes to stackft_jax's model would speed up the JAX steps.
+
+  python -m benchmarks.model_variants                             # MiniLM, 32 x 128, all variants
+  XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type= python -m benchmarks.model_variants
+  python -m benchmarks.model_variants --quick --models tiny       # the smoke test
+
+Nothing in stackft_jax/ is edited: each variant patches a method at trace time only, the step is
+jitted and warmed up under the patch, and the patch is undone; compiled steps keep what they traced.
+All variants' steps then run in this one process, round-robin, so machine load affects them alike.
+
+Variants (combined with "+"):
+  baseline   stackft_jax as it is.
+  attn_bhkd  the attention context as `einsum("bhqk,bhkd->bhqd", probs, v.transpose(0, 2, 1, 3))`,
+             transposed back to [b, q, h, d], instead of `einsum("bhqk,bkhd->bqhd", probs, v)`: the same
+             math; XLA's YNNPACK dot handles the original output layout badly on CPU.
+  packed_dropout  dropout masks from 8 random bits per element, four per 32-bit draw, dropping when
+             the byte < round(rate * 256) and scaling by 1 / (1 - round(rate * 256) / 256), instead of
+             `jax.random.bernoulli` (one 32-bit draw per element): a quarter of the PRNG work. The drop
+             probability becomes a multiple of 1/256 (0.1 -> 0.1016).
+"""
+
+import argparse
+import contextlib
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from flax.nnx import rnglib
+
+from benchmarks import cases
+from benchmarks.machine import load_average, machine_info, write_json
+from stackft_jax.models import bert
+
+
+def _attention_bhkd(self, x, mask_bias, *, deterministic, rngs):
+    batch, length, hidden = x.shape
+
+    def heads(t):
+        return t.reshape(batch, length, self.num_heads, self.head_dim)
+
+    q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (self.head_dim**-0.5) + mask_bias
+    probs = jax.nn.softmax(scores, axis=-1)
+    probs = self.dropout(probs, deterministic=deterministic, rngs=rngs).astype(self.dtype)
+    context = jnp.einsum("bhqk,bhkd->bhqd", probs, v.transpose(0, 2, 1, 3))
+    return self.output(context.transpose(0, 2, 1, 3).reshape(batch, length, hidden))
+
+
+def packed_dropout_mask(key: jax.Array, shape: tuple[int, ...], rate: float) -> tuple[jax.Array, float]:
+    """Keep-mask and keep probability from one byte of randomness per element."""
+    threshold = round(rate * 256)
+    *lead, last = shape
+    if last % 4:
+        random_bytes = jax.random.bits(key, shape, jnp.uint8)
+    else:
+        words = jax.random.bits(key, (*lead, last // 4), jnp.uint32)
+        random_bytes = jnp.stack([(words >> (8 * i)) & 0xFF for i in range(4)], -1).reshape(shape)
+    return random_bytes >= threshold, 1.0 - threshold / 256
+
+
+def _packed_dropout(self, inputs, *, deterministic=None, rngs=None):
+    deterministic = self.deterministic if deterministic is None else deterministic
+    if self.rate == 0.0 or deterministic:
+        return inputs
+    rngs = self.rngs if rngs is None else rngs
+    key = rngs[self.rng_collection]() if isinstance(rngs, rnglib.Rngs) else rngs()
+    keep, keep_prob = packed_dropout_mask(key, inputs.shape, self.rate)
+    return jax.lax.select(keep, inputs / keep_prob, jnp.zeros_like(inputs))
+
+
+PATCHES = {
+    "attn_bhkd": (bert.BertSelfAttention, "__call__", _attention_bhkd),
+    "packed_dropout": (nnx.Dropout, "__call__", _packed_dropout),
+}
+
+
+@contextlib.contextmanager
+def patched(variant: str):
+    names = [] if variant == "baseline" else variant.split("+")
+    unknown = set(names) - set(PATCHES)
+    if unknown:
+        raise ValueError(f"unknown variant part(s) {sorted(unknown)}; choose from {sorted(PATCHES)}")
+    saved = [(PATCHES[n][0], PATCHES[n][1], getattr(PATCHES[n][0], PATCHES[n][1])) for n in names]
+    try:
+        for name in names:
+            owner, attr, replacement = PATCHES[name]
+            setattr(owner, attr, replacement)
+        yield
+    finally:
+        for owner, attr, original in saved:
+            setattr(owner, attr, original)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="minilm", help=f"comma list of {cases.MODELS}")
+    parser.add_argument("--cases", default=",".join(cases.CASES))
+    parser.add_argument("--variants", default="baseline,attn_bhkd,packed_dropout,attn_bhkd+packed_dropout")
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--seq-len", type=int)
+    parser.add_argument("--repeats", type=int, help="timed rounds (5; --quick: 1)")
+    parser.add_argument("--quick", action="store_true", help="batch 8 x 32, one round")
+    parser.add_argument("--out", default="benchmarks/out/model_variants.json")
+    args = parser.parse_args(argv)
+    args.batch_size = args.batch_size or (8 if args.quick else 32)
+    args.seq_len = args.seq_len or (32 if args.quick else 128)
+    args.repeats = args.repeats or (1 if args.quick else 5)
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    machine = machine_info()
+    results = {}
+    for model_name in args.models.split(","):
+        config = cases.experiment_config(model_name, args.seq_len)
+        model = cases.build_jax(config)
+        batch = cases.synthetic_batch(args.batch_size, args.seq_len, 30522, seed=config.seed)
+        steps = {}
+        for variant in args.variants.split(","):
+            for case in args.cases.split(","):
+                with patched(variant):
+                    built = cases.jax_case(model, case, batch)
+                    built.step()  # traces and compiles under the patch
+                built.step()
+                steps[(variant, case)] = built.step
+        times = {key: [] for key in steps}
+        for _ in range(args.repeats):
+            for key, step in steps.items():
+                started = time.perf_counter()
+                step()
+                times[key].append(time.perf_counter() - started)
+        record = {}
+        for (variant, case), values in times.items():
+            median = statistics.median(values)
+            baseline = statistics.median(times.get(("baseline", case), values))
+            record.setdefault(variant, {})[case] = {
+                "median_s": median,
+                "times_s": [round(t, 6) for t in values],
+                "time_over_baseline": median / baseline,
+            }
+        results[model_name] = record
+    lines = [
+        "| model | variant | "
+        + " | ".join(f"{c} s (vs baseline)" for c in args.cases.split(","))
+        + " | phase1 / full |",
+        "| --- | --- | " + " | ".join("---" for _ in args.cases.split(",")) + " | --- |",
+    ]
+    for model_name, record in results.items():
+        for variant, by_case in record.items():
+            cells = [f"{v['median_s']:.3f} ({v['time_over_baseline']:.2f}x)" for v in by_case.values()]
+            ratio = (
+                f"{by_case['phase1']['median_s'] / by_case['full']['median_s']:.2f}"
+                if {"full", "phase1"} <= set(by_case)
+                else "-"
+            )
+            lines.append(f"| {model_name} | {variant} | " + " | ".join(cells) + f" | {ratio} |")
+    text = "\n".join(lines)
+    print(text)
+    machine["load_average_1_5_15_end"] = load_average()
+    payload = {
+        "benchmark": "model_variants",
+        "machine": machine,
+        "args": vars(args),
+        "results": results,
+        "table_markdown": text,
+    }
+    path = write_json(args.out, payload)
+    print(f"wrote {path}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Smoke tests of benchmarks/: each script runs in its quickest mode and writes the JSON it promises.
+
+No timing is asserted (these run on shared CI cores); what is asserted are facts that do not depend on
+speed: phase 1 holds optimizer state for the head only, and a training run compiles nothing after its
+first epoch.
+"""
+
+import json
+from pathlib import Path
+
+from benchmarks import compile_count, input_pipeline, memory, profile_step, train_speed
+
+FIXTURE_TRAIN = Path(__file__).resolve().parent / "fixtures" / "qqp" / "train.tsv"
+STATS = {"median_s", "iqr_s", "examples_per_s", "first_call_s", "times_s", "optimizer_state_bytes"}
+
+
+def _read(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_train_speed(tmp_path):
+    out = tmp_path / "train_speed.json"
+    train_speed.main(["--quick", "--models=tiny", "--components", f"--out={out}"])
+    payload = _read(out)
+    assert payload["machine"]["torch_num_threads"] >= 1
+    record = payload["results"]["tiny"]
+    assert set(record["cases"]) == {"full", "phase1", "eval"}
+    for timed in record["cases"].values():
+        assert STATS <= set(timed["jax"]) and STATS <= set(timed["torch"])
+        assert timed["jax_over_torch_examples_per_s"] > 0
+    assert set(record["phase1_time_over_full_time"]) == {"jax", "torch"}
+    assert set(record["targets"]) == set(train_speed.TARGETS)
+    assert set(record["components"]) == {
+        "forward_train_mode",
+        "forward_backward",
+        "forward_backward_no_dropout",
+    }
+    full, phase1 = (record["cases"][case] for case in ("full", "phase1"))
+    for framework in ("jax", "torch"):
+        # Phase 1 keeps Adam moments for the head only: a small fraction of the full step's.
+        assert 0 < phase1[framework]["optimizer_state_bytes"] < full[framework]["optimizer_state_bytes"] / 10
+
+
+def test_memory(tmp_path):
+    out = tmp_path / "memory.json"
+    memory.main(["--quick", "--models=tiny", "--cases=phase1", f"--out={out}"])
+    rows = _read(out)["results"]
+    assert [(r["framework"], r["case"]) for r in rows] == [("jax", "phase1"), ("torch", "phase1")]
+    for row in rows:
+        assert row["peak_rss_after_steps_mib"] >= row["peak_rss_after_build_mib"] > 0
+        assert row["parameter_bytes"]["backbone"] > row["parameter_bytes"]["head"] > 0
+        assert 0 < row["optimizer_state_bytes"] < row["parameter_bytes"]["backbone"]
+
+
+def test_compile_count(tmp_path):
+    out = tmp_path / "compile_count.json"
+    compile_count.main(["--quick", f"--out={out}"])
+    payload = _read(out)
+    assert payload["steps_per_phase"] == {
+        "phase1": 2 * payload["steps_per_epoch"],
+        "phase2": 2 * payload["steps_per_epoch"],
+    }
+    assert payload["within_bound"]
+    assert 0 < payload["by_function"]["train_step"] <= 2 * len(payload["buckets"])
+    assert 0 < payload["by_function"]["eval_step"] <= len(payload["buckets"])
+    assert payload["compiles_after_first_epoch"] == 0
+
+
+def test_input_pipeline(tmp_path):
+    out = tmp_path / "input_pipeline.json"
+    input_pipeline.main(
+        [
+            "--quick",
+            f"--train-file={FIXTURE_TRAIN}",
+            "--step-model=tiny",
+            "--batch-size=8",
+            "--max-seq-length=32",
+            f"--out={out}",
+        ]
+    )
+    payload = _read(out)
+    assert payload["num_examples"] == 40
+    for key in ("tokenize_first_call_s", "tokenize_cached_call_s", "pipeline_over_step_rate"):
+        assert payload[key] > 0
+    assert payload["batching"]["batches"] == payload["batching_with_put_batch"]["batches"] == 50
+    assert payload["train_step"]["steps_per_s"] > 0
+    assert isinstance(payload["target_met"], bool)
+
+
+def test_profile_step(tmp_path):
+    out = tmp_path / "profile_step.json"
+    profile_step.main(["--quick", "--model=tiny", "--case=eval", f"--out={out}"])
+    (result,) = _read(out)["results"]
+    assert result["case"] == "eval" and result["op_time_sum_ms_per_step"] > 0
+    assert result["ops"] and {"hlo_op", "kind", "ms_per_step", "op_name", "source"} <= set(result["ops"][0])
+    # The attention matmuls are traced back to the model's source.
+    assert any(source.startswith("bert.py:") for source in result["by_source_ms"])
+    assert "matmul" in result["by_category_ms"]
