@@ -141,6 +141,27 @@ class BiMpmMatching(nnx.Module):
     its own weights, so the output width (8l) is the same.
     """
 
+    @classmethod
+    def from_config(
+        cls,
+        config: ml_collections.ConfigDict,
+        *,
+        hidden_size: int,
+        dropout_rate: float,
+        dtype: jnp.dtype,
+        rngs: nnx.Rngs,
+    ) -> "BiMpmMatching":
+        """The matching layer as configured by a `bimpm`-style head config block."""
+        return cls(
+            hidden_size=hidden_size,
+            use_context_lstm=config.use_context_lstm,
+            context_lstm_units=config.context_lstm_units,
+            num_perspectives=config.num_perspectives,
+            dropout_rate=dropout_rate,
+            dtype=dtype,
+            rngs=rngs,
+        )
+
     def __init__(
         self,
         *,
@@ -221,14 +242,8 @@ class BiMpmHead(nnx.Module):
         rngs: nnx.Rngs,
     ):
         self.dtype = dtype
-        self.matching = BiMpmMatching(
-            hidden_size=hidden_size,
-            use_context_lstm=config.use_context_lstm,
-            context_lstm_units=config.context_lstm_units,
-            num_perspectives=config.num_perspectives,
-            dropout_rate=dropout_rate,
-            dtype=dtype,
-            rngs=rngs,
+        self.matching = BiMpmMatching.from_config(
+            config, hidden_size=hidden_size, dropout_rate=dropout_rate, dtype=dtype, rngs=rngs
         )
         self.aggregation = MaskedBiLstm(
             self.matching.output_dim, config.aggregation_lstm_units, dtype=dtype, rngs=rngs

@@ -104,14 +104,8 @@ class SimTransformerHead(nnx.Module):
         rngs: nnx.Rngs,
     ):
         self.dtype = dtype
-        self.matching = BiMpmMatching(
-            hidden_size=hidden_size,
-            use_context_lstm=config.use_context_lstm,
-            context_lstm_units=config.context_lstm_units,
-            num_perspectives=config.num_perspectives,
-            dropout_rate=dropout_rate,
-            dtype=dtype,
-            rngs=rngs,
+        self.matching = BiMpmMatching.from_config(
+            config, hidden_size=hidden_size, dropout_rate=dropout_rate, dtype=dtype, rngs=rngs
         )
         dim = config.model_dim
         self.input_projection = nnx.Linear(self.matching.output_dim, dim, dtype=dtype, rngs=rngs)
