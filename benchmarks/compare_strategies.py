@@ -23,7 +23,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from configs import quora  # noqa: E402
-from stackft_jax import train  # noqa: E402
+from stackft_jax import train, xla_flags  # noqa: E402
+
+xla_flags.apply_cpu_defaults()
 
 STRATEGIES = ("finetune_only", "stack_only", "stack_and_finetune")
 

@@ -7,10 +7,11 @@ Every (framework, model, case) runs in a fresh subprocess (`--single`), so each 
 the process's peak RSS (`resource.getrusage(RUSAGE_SELF).ru_maxrss`) once the model, optimizer state
 (JAX; torch creates its lazily in the first step) and batch are built; after compiling the JAX step
 ahead of time (`jit(...).lower(...).compile()`: the compiler's own peak); and after `--steps` steps.
-"Added by steps" is the last minus the second: the step's working memory (activations, gradients,
-and for torch its optimizer state). Optimizer state: `optim.optimizer_state_bytes` of the real
-train state for JAX (phase 1 holds none for the frozen backbone), the tensors in `optimizer.state` for
-torch.
+"Added by steps" is the last minus the peak after compile: the step's working memory (activations,
+gradients, and for torch its optimizer state). For JAX also XLA's own accounting of the compiled step
+(`compiled.memory_analysis()`: temp buffers = activations, gradients and other intermediates).
+Optimizer state: `optim.optimizer_state_bytes` of the real train state for JAX (phase 1 holds none
+for the frozen backbone), the tensors in `optimizer.state` for torch.
 """
 
 import argparse
@@ -21,7 +22,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import cases
+from benchmarks import cases, model_variants
 from benchmarks.machine import load_average, machine_info, write_json
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,7 +55,7 @@ def parameter_bytes(framework: str, model) -> dict[str, int]:
     return {"backbone": backbone, "head": total - backbone}
 
 
-def _jax_case(model, case: str, batch: dict) -> tuple[cases.Case, Callable[[], None]]:
+def _jax_case(model, case: str, batch: dict) -> tuple[cases.Case, Callable[[], dict]]:
     """The case's step compiled ahead of time, so that the compiler's own peak is measured apart
     from the step's; the parameters are donated to the train state, not copied."""
     import jax
@@ -69,8 +70,13 @@ def _jax_case(model, case: str, batch: dict) -> tuple[cases.Case, Callable[[], N
         args = (state, device_batch)
     compiled = {}
 
-    def compile_step() -> None:
+    def compile_step() -> dict:
         compiled["fn"] = fn.lower(*args).compile()
+        analysis = compiled["fn"].memory_analysis()
+        return {
+            key: getattr(analysis, f"{key}_in_bytes")
+            for key in ("temp_size", "argument_size", "output_size", "alias_size")
+        }
 
     holder = {"args": args}
 
@@ -97,9 +103,11 @@ def run_single(framework: str, model_name: str, case: str, args: argparse.Namesp
     else:
         model = cases.build_torch(config)
         params = parameter_bytes(framework, model)
-        built, compile_step = cases.torch_case(model, case, batch), lambda: None
+        built, compile_step = cases.torch_case(model, case, batch), dict
     after_build = peak_rss_mib()
-    compile_step()
+    # XLA's own accounting of the compiled step: temp = its working buffers (activations, gradients).
+    with model_variants.patched(args.jax_variant):
+        xla_memory = compile_step()
     after_compile = peak_rss_mib()
     for _ in range(args.steps):
         built.step()
@@ -118,6 +126,7 @@ def run_single(framework: str, model_name: str, case: str, args: argparse.Namesp
         "rss_at_end_mib": current_rss_mib(),
         "optimizer_state_bytes": built.optimizer_state_bytes(),
         "parameter_bytes": params,
+        "xla_memory_analysis_bytes": xla_memory,
     }
 
 
@@ -133,6 +142,7 @@ def run_in_subprocess(framework: str, model: str, case: str, args: argparse.Name
         f"--batch-size={args.batch_size}",
         f"--seq-len={args.seq_len}",
         f"--steps={args.steps}",
+        f"--jax-variant={args.jax_variant}",
     ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
@@ -149,6 +159,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--seq-len", type=int)
     parser.add_argument("--steps", type=int, help="training steps per subprocess (3; --quick: 1)")
+    parser.add_argument(
+        "--jax-variant",
+        default="baseline",
+        help="experiment: a benchmarks/model_variants.py patch applied while the JAX step compiles",
+    )
     parser.add_argument("--quick", action="store_true", help="batch 8 x 32, one step")
     parser.add_argument("--single", nargs=3, metavar=("FRAMEWORK", "MODEL", "CASE"), help="(internal)")
     parser.add_argument("--out", default="benchmarks/out/memory.json")
@@ -186,15 +201,20 @@ def main(argv: list[str] | None = None) -> dict | None:
                 )
     lines = [
         "| model | framework | case | RSS after imports | peak after build | peak after compile | "
-        "peak after steps | added by steps | optimizer state |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "peak after steps | added by steps | optimizer state | XLA temp buffers |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['framework']} | {r['case']} | {r['rss_after_imports_mib']:.0f} | "
             f"{r['peak_rss_after_build_mib']:.0f} | {r['peak_rss_after_compile_mib']:.0f} | "
             f"{r['peak_rss_after_steps_mib']:.0f} | {r['steps_added_mib']:.0f} | "
-            f"{r['optimizer_state_bytes'] / 2**20:.2f} |"
+            f"{r['optimizer_state_bytes'] / 2**20:.2f} | "
+            + (
+                f"{r['xla_memory_analysis_bytes']['temp_size'] / 2**20:.0f} |"
+                if r["xla_memory_analysis_bytes"]
+                else "- |"
+            )
         )
     text = "\n".join(lines)
     print("(MiB; peaks are ru_maxrss; torch builds its optimizer state in the first step)")

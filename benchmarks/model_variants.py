@@ -1,22 +1,20 @@
-"""Experiment: how much proposed changes to stackft_jax's model would speed up the JAX steps.
+"""Experiment: what model-code choices cost in the JAX steps, measured against stackft_jax as it is.
 
   python -m benchmarks.model_variants                             # MiniLM, 32 x 128, all variants
-  XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type= python -m benchmarks.model_variants
+  STACKFT_JAX_NO_XLA_DEFAULTS=1 python -m benchmarks.model_variants   # without xla_flags.py's flags
   python -m benchmarks.model_variants --quick --models tiny       # the smoke test
 
 Nothing in stackft_jax/ is edited: each variant patches a method at trace time only, the step is
 jitted and warmed up under the patch, and the patch is undone; compiled steps keep what they traced.
 All variants' steps then run in this one process, round-robin, so machine load affects them alike.
 
-Variants (combined with "+"):
-  baseline   stackft_jax as it is.
-  attn_bhkd  the attention context as `einsum("bhqk,bhkd->bhqd", probs, v.transpose(0, 2, 1, 3))`,
-             transposed back to [b, q, h, d], instead of `einsum("bhqk,bkhd->bqhd", probs, v)`: the same
-             math; XLA's YNNPACK dot handles the original output layout badly on CPU.
-  packed_dropout  dropout masks from 8 random bits per element, four per 32-bit draw, dropping when
-             the byte < round(rate * 256) and scaling by 1 / (1 - round(rate * 256) / 256), instead of
-             `jax.random.bernoulli` (one 32-bit draw per element): a quarter of the PRNG work. The drop
-             probability becomes a multiple of 1/256 (0.1 -> 0.1016).
+Variants (combined with "+") put back what stackft_jax used before the changes measured in
+benchmarks/RESULTS.md, so "time over baseline" > 1 is what each change saves:
+  baseline           stackft_jax as it is (packed-bits dropout, attention context in [b, h, k, d]).
+  bernoulli_dropout  dropout masks from `jax.random.bernoulli`, one 32-bit draw per element, as
+                     `nnx.Dropout` does, instead of models/dropout.py's one byte per element.
+  attn_bqhd          the attention context as `einsum("bhqk,bkhd->bqhd", probs, v)`: the same math,
+                     with the output layout XLA:CPU's dot emitter handles badly.
 """
 
 import argparse
@@ -26,15 +24,13 @@ import time
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
-from flax.nnx import rnglib
 
 from benchmarks import cases
 from benchmarks.machine import load_average, machine_info, write_json
-from stackft_jax.models import bert
+from stackft_jax.models import bert, dropout
 
 
-def _attention_bhkd(self, x, mask_bias, *, deterministic, rngs):
+def _attention_bqhd(self, x, mask_bias, *, deterministic, rngs):
     batch, length, hidden = x.shape
 
     def heads(t):
@@ -45,35 +41,20 @@ def _attention_bhkd(self, x, mask_bias, *, deterministic, rngs):
     scores = scores * (self.head_dim**-0.5) + mask_bias
     probs = jax.nn.softmax(scores, axis=-1)
     probs = self.dropout(probs, deterministic=deterministic, rngs=rngs).astype(self.dtype)
-    context = jnp.einsum("bhqk,bhkd->bhqd", probs, v.transpose(0, 2, 1, 3))
-    return self.output(context.transpose(0, 2, 1, 3).reshape(batch, length, hidden))
+    context = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch, length, hidden)
+    return self.output(context)
 
 
-def packed_dropout_mask(key: jax.Array, shape: tuple[int, ...], rate: float) -> tuple[jax.Array, float]:
-    """Keep-mask and keep probability from one byte of randomness per element."""
-    threshold = round(rate * 256)
-    *lead, last = shape
-    if last % 4:
-        random_bytes = jax.random.bits(key, shape, jnp.uint8)
-    else:
-        words = jax.random.bits(key, (*lead, last // 4), jnp.uint32)
-        random_bytes = jnp.stack([(words >> (8 * i)) & 0xFF for i in range(4)], -1).reshape(shape)
-    return random_bytes >= threshold, 1.0 - threshold / 256
-
-
-def _packed_dropout(self, inputs, *, deterministic=None, rngs=None):
-    deterministic = self.deterministic if deterministic is None else deterministic
-    if self.rate == 0.0 or deterministic:
+def _bernoulli_dropout(self, inputs, *, deterministic, rngs=None):
+    if deterministic or self.rate == 0.0:
         return inputs
-    rngs = self.rngs if rngs is None else rngs
-    key = rngs[self.rng_collection]() if isinstance(rngs, rnglib.Rngs) else rngs()
-    keep, keep_prob = packed_dropout_mask(key, inputs.shape, self.rate)
-    return jax.lax.select(keep, inputs / keep_prob, jnp.zeros_like(inputs))
+    keep = jax.random.bernoulli(rngs[self.rng_collection](), 1.0 - self.rate, inputs.shape)
+    return jax.lax.select(keep, inputs / (1.0 - self.rate), jnp.zeros_like(inputs))
 
 
 PATCHES = {
-    "attn_bhkd": (bert.BertSelfAttention, "__call__", _attention_bhkd),
-    "packed_dropout": (nnx.Dropout, "__call__", _packed_dropout),
+    "attn_bqhd": (bert.BertSelfAttention, "__call__", _attention_bqhd),
+    "bernoulli_dropout": (dropout.Dropout, "__call__", _bernoulli_dropout),
 }
 
 
@@ -98,7 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="minilm", help=f"comma list of {cases.MODELS}")
     parser.add_argument("--cases", default=",".join(cases.CASES))
-    parser.add_argument("--variants", default="baseline,attn_bhkd,packed_dropout,attn_bhkd+packed_dropout")
+    parser.add_argument(
+        "--variants", default="baseline,bernoulli_dropout,attn_bqhd,attn_bqhd+bernoulli_dropout"
+    )
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--seq-len", type=int)
     parser.add_argument("--repeats", type=int, help="timed rounds (5; --quick: 1)")

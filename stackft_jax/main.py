@@ -25,6 +25,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from stackft_jax import xla_flags
+
+    xla_flags.apply_cpu_defaults()  # before JAX starts a backend
     import jax
 
     if FLAGS.distributed:

@@ -8,7 +8,8 @@ first epoch.
 import json
 from pathlib import Path
 
-from benchmarks import compile_count, input_pipeline, memory, profile_step, train_speed
+from benchmarks import compile_count, input_pipeline, memory, model_variants, profile_step, train_speed
+from stackft_jax.models import bert, dropout
 
 FIXTURE_TRAIN = Path(__file__).resolve().parent / "fixtures" / "qqp" / "train.tsv"
 STATS = {"median_s", "iqr_s", "examples_per_s", "first_call_s", "times_s", "optimizer_state_bytes"}
@@ -96,3 +97,18 @@ def test_profile_step(tmp_path):
     # The attention matmuls are traced back to the model's source.
     assert any(source.startswith("bert.py:") for source in result["by_source_ms"])
     assert "matmul" in result["by_category_ms"]
+
+
+def test_model_variants(tmp_path):
+    out = tmp_path / "model_variants.json"
+    variants = "baseline,attn_bqhd+bernoulli_dropout"
+    model_variants.main(
+        ["--quick", "--models=tiny", "--cases=phase1", f"--variants={variants}", f"--out={out}"]
+    )
+    record = _read(out)["results"]["tiny"]
+    assert set(record) == set(variants.split(","))
+    assert record["baseline"]["phase1"]["time_over_baseline"] == 1.0
+    assert record["attn_bqhd+bernoulli_dropout"]["phase1"]["median_s"] > 0
+    # The patches are undone: the model code is back to stackft_jax's own.
+    assert bert.BertSelfAttention.__call__ is not model_variants._attention_bqhd
+    assert dropout.Dropout.__call__ is not model_variants._bernoulli_dropout

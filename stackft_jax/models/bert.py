@@ -33,6 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from stackft_jax.models.dropout import Dropout
+
 logger = logging.getLogger(__name__)
 
 EMBEDDED_MODEL = "embedded:minilm"
@@ -143,7 +145,7 @@ class BertSelfAttention(nnx.Module):
         self.key = linear()
         self.value = linear()
         self.output = linear()
-        self.dropout = nnx.Dropout(config.attention_probs_dropout_prob)
+        self.dropout = Dropout(config.attention_probs_dropout_prob)
 
     def __call__(
         self, x: jax.Array, mask_bias: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None
@@ -159,8 +161,10 @@ class BertSelfAttention(nnx.Module):
         scores = scores * (self.head_dim**-0.5) + mask_bias
         probs = jax.nn.softmax(scores, axis=-1)
         probs = self.dropout(probs, deterministic=deterministic, rngs=rngs).astype(self.dtype)
-        context = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch, length, hidden)
-        return self.output(context)
+        # Contract in [b, h, k, d] and transpose back: the same math as "bhqk,bkhd->bqhd", but XLA:CPU's
+        # dot emitter handles that output layout badly (eval step 0.82x the time this way).
+        context = jnp.einsum("bhqk,bhkd->bhqd", probs, v.transpose(0, 2, 1, 3))
+        return self.output(context.transpose(0, 2, 1, 3).reshape(batch, length, hidden))
 
 
 class BertLayer(nnx.Module):
@@ -174,7 +178,7 @@ class BertLayer(nnx.Module):
             config.intermediate_size, config.hidden_size, config, dtype, param_dtype, rngs
         )
         self.output_layer_norm = _layer_norm(config, dtype, param_dtype, rngs)
-        self.dropout = nnx.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
         self.hidden_act = config.hidden_act
 
     def __call__(
@@ -208,7 +212,7 @@ class BertEmbeddings(nnx.Module):
         self.position_embeddings = embed(config.max_position_embeddings)
         self.token_type_embeddings = embed(config.type_vocab_size)
         self.layer_norm = _layer_norm(config, dtype, param_dtype, rngs)
-        self.dropout = nnx.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def __call__(
         self,

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from stackft_jax.models.dropout import Dropout
 from stackft_jax.models.features import Features
 from stackft_jax.models.heads.pair_ops import (
     MaskedBiLstm,
@@ -173,7 +174,7 @@ class BiMpmMatching(nnx.Module):
         dtype: jnp.dtype,
         rngs: nnx.Rngs,
     ):
-        self.dropout = nnx.Dropout(dropout_rate)
+        self.dropout = Dropout(dropout_rate)
         if use_context_lstm:
             self.context = MaskedBiLstm(hidden_size, context_lstm_units, dtype=dtype, rngs=rngs)
             dim = context_lstm_units
@@ -248,7 +249,7 @@ class BiMpmHead(nnx.Module):
         self.aggregation = MaskedBiLstm(
             self.matching.output_dim, config.aggregation_lstm_units, dtype=dtype, rngs=rngs
         )
-        self.dropout = nnx.Dropout(dropout_rate)
+        self.dropout = Dropout(dropout_rate)
         self.hidden = nnx.Linear(
             4 * config.aggregation_lstm_units, config.mlp_hidden_dim, dtype=dtype, rngs=rngs
         )

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from stackft_jax.models.dropout import Dropout
 from stackft_jax.models.features import Features
 
 
@@ -25,7 +26,7 @@ class ClsMlpHead(nnx.Module):
         dtype: jnp.dtype,
         rngs: nnx.Rngs,
     ):
-        self.dropout = nnx.Dropout(dropout_rate)
+        self.dropout = Dropout(dropout_rate)
         self.hidden = nnx.Linear(hidden_size, config.hidden_dim, dtype=dtype, rngs=rngs)
         self.output = nnx.Linear(config.hidden_dim, num_outputs, dtype=dtype, rngs=rngs)
 

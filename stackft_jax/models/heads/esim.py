@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from stackft_jax.models.dropout import Dropout
 from stackft_jax.models.features import Features
 from stackft_jax.models.heads.pair_ops import (
     MaskedBiLstm,
@@ -49,7 +50,7 @@ class EsimHead(nnx.Module):
     ):
         units = config.lstm_units
         self.dtype = dtype
-        self.dropout = nnx.Dropout(dropout_rate)
+        self.dropout = Dropout(dropout_rate)
         self.encoder = MaskedBiLstm(hidden_size, units, dtype=dtype, rngs=rngs)
         self.projection = nnx.Linear(4 * 2 * units, units, dtype=dtype, rngs=rngs)
         self.composition = MaskedBiLstm(units, units, dtype=dtype, rngs=rngs)

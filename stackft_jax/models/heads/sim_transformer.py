@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from stackft_jax.models.dropout import Dropout
 from stackft_jax.models.features import Features
 from stackft_jax.models.heads.bimpm import BiMpmMatching
 from stackft_jax.models.heads.pair_ops import (
@@ -76,7 +77,7 @@ class EncoderLayer(nnx.Module):
         self.ff_norm = nnx.LayerNorm(dim, dtype=dtype, rngs=rngs)
         self.ff_in = nnx.Linear(dim, ff_dim, dtype=dtype, rngs=rngs)
         self.ff_out = nnx.Linear(ff_dim, dim, dtype=dtype, rngs=rngs)
-        self.dropout = nnx.Dropout(dropout_rate)
+        self.dropout = Dropout(dropout_rate)
 
     def __call__(
         self, x: jax.Array, mask: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None
@@ -116,7 +117,7 @@ class SimTransformerHead(nnx.Module):
             ]
         )
         self.final_norm = nnx.LayerNorm(dim, dtype=dtype, rngs=rngs)
-        self.dropout = nnx.Dropout(dropout_rate)
+        self.dropout = Dropout(dropout_rate)
         self.hidden = nnx.Linear(4 * dim, config.mlp_hidden_dim, dtype=dtype, rngs=rngs)
         self.output = nnx.Linear(config.mlp_hidden_dim, num_outputs, dtype=dtype, rngs=rngs)
 
