@@ -8,12 +8,17 @@ finished runs are read back from their results.json). Prints a mean +- std table
         --heads=cls_mlp,bimpm,bimpm_no_context,sim_transformer,esim --seeds=0,1,2 \
         --steps=100 --out=benchmarks/out/compare_qqp
 
+Runs go seed by seed (every head x strategy for seed 0, then seed 1, ...), so a grid cut short still
+has comparable cells. `--dev_examples N` scores a fixed random sample of N dev pairs (the same sample
+for every run; written next to the results, outside the repository's tracked files) to save time.
+
 Budget: every strategy gets the same number of optimizer steps, `--steps`; stack_and_finetune splits
 them between its phases (phase 1 may stop early by its gap rule; phase 2 then still gets its half).
 """
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -34,7 +39,7 @@ def make_config(args: argparse.Namespace, head: str, strategy: str, seed: int):
     config = quora.get_config()
     config.model.name_or_path = args.model
     config.data.train_file = args.train_file
-    config.data.dev_file = args.dev_file
+    config.data.dev_file = args.dev_sample_file or args.dev_file
     config.head.name = head
     config.strategy = strategy
     config.seed = seed
@@ -50,6 +55,17 @@ def make_config(args: argparse.Namespace, head: str, strategy: str, seed: int):
     config.checkpoint_every_steps = args.eval_every_steps
     config.keep_checkpoints = 1
     return config
+
+
+def write_dev_sample(dev_file: Path, num_examples: int, out: Path) -> Path:
+    """A fixed random sample (seed 0) of the dev TSV's rows, header kept, original order."""
+    header, *rows = dev_file.read_text(encoding="utf-8").splitlines(keepends=True)
+    if num_examples > len(rows):
+        raise ValueError(f"--dev_examples={num_examples}: {dev_file} has only {len(rows)} rows")
+    chosen = sorted(random.Random(0).sample(range(len(rows)), num_examples))
+    path = out / f"dev_sample_{num_examples}.tsv"
+    path.write_text(header + "".join(rows[i] for i in chosen), encoding="utf-8")
+    return path
 
 
 def main() -> None:
@@ -68,15 +84,19 @@ def main() -> None:
     parser.add_argument("--eval_every_steps", type=int, default=50)
     parser.add_argument("--scalar_mix_for_stack_only", action=argparse.BooleanOptionalAction,
                         default=True)
+    parser.add_argument("--dev_examples", type=int, default=0, help="0: the whole dev file")
     parser.add_argument("--out", default="benchmarks/out/compare")
     args = parser.parse_args()
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    args.dev_sample_file = None
+    if args.dev_examples:
+        args.dev_sample_file = str(write_dev_sample(Path(args.dev_file), args.dev_examples, out))
     rows = []
-    for head in args.heads.split(","):
-        for strategy in args.strategies.split(","):
-            for seed in map(int, args.seeds.split(",")):
+    for seed in map(int, args.seeds.split(",")):
+        for head in args.heads.split(","):
+            for strategy in args.strategies.split(","):
                 workdir = out / "runs" / f"{head}-{strategy}-seed{seed}"
                 results_path = workdir / "results.json"
                 started = time.time()
