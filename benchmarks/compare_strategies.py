@@ -18,6 +18,7 @@ them between its phases (phase 1 may stop early by its gap rule; phase 2 then st
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -26,6 +27,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+# Runs of one head share programs (eval steps; train steps across strategies): compile each once.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path.home() / ".cache/stackft_jax/jax_cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
 
 from configs import quora  # noqa: E402
 from stackft_jax import train, xla_flags  # noqa: E402
