@@ -12,6 +12,13 @@ examples/s at the median, jax/torch speed ratios and each framework's phase-1 / 
 
 Targets on a 2-core CPU: full step >= 1.15x torch examples/s; phase-1 step <= 0.35x our own full step's
 time; eval >= 1.2x torch examples/s.
+
+On an accelerator (JAX's default backend is not the CPU; or `--accelerator-report on`) the JAX steps
+are also timed with `model.dtype` float32 and bfloat16 (parameters stay float32), with model FLOP/s and
+model FLOPs utilisation against the devices' bf16 peak (benchmarks/flops.py; `--peak-tflops` for a
+device the table does not know):
+
+  python -m benchmarks.train_speed --models minilm,bert_base --frameworks jax --batch-size 256
 """
 
 import argparse
@@ -19,7 +26,7 @@ import time
 
 import numpy as np
 
-from benchmarks import cases
+from benchmarks import cases, flops
 from benchmarks.machine import load_average, machine_info, write_json
 
 TARGETS = {
@@ -60,6 +67,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--jax-prng-impl", help="experiment: jax_default_prng_impl (rbg, unsafe_rbg) for dropout"
     )
+    parser.add_argument(
+        "--accelerator-report",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="float32 vs bfloat16 JAX throughput and MFU (auto: when the backend is not the CPU)",
+    )
+    parser.add_argument("--peak-tflops", type=float, help="per-device bf16 peak for MFU (default: table)")
     parser.add_argument("--out", default="benchmarks/out/train_speed.json")
     args = parser.parse_args(argv)
     for key, value in (QUICK if args.quick else DEFAULTS).items():
@@ -174,6 +188,74 @@ def bench_model(model: str, args: argparse.Namespace, frameworks: list[str]) -> 
     return record
 
 
+def accelerator_report(model: str, args: argparse.Namespace) -> dict:
+    """JAX only: each case in float32 and bfloat16 compute; examples/s, model TFLOP/s and MFU."""
+    import jax
+
+    devices = jax.devices()
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else flops.peak_flops(devices[0].device_kind)
+    report: dict = {
+        "device_kind": devices[0].device_kind,
+        "num_devices": len(devices),
+        "peak_flops_per_device": peak,
+        "dtypes": {},
+    }
+    for dtype in ("float32", "bfloat16"):
+        config = cases.experiment_config(model, args.seq_len)
+        config.model.dtype = dtype
+        built = cases.build_jax(config)
+        shape = {
+            "num_layers": built.bert_config.num_hidden_layers,
+            "hidden": built.bert_config.hidden_size,
+            "intermediate": built.bert_config.intermediate_size,
+            "batch": args.batch_size,
+            "seq_len": args.seq_len,
+        }
+        batch = cases.synthetic_batch(args.batch_size, args.seq_len, built.bert_config.vocab_size)
+        by_case = {}
+        for case in args.cases.split(","):
+            made = cases.jax_case(built, case, batch)
+            entry = time_steps(
+                {"jax": made.step}, args.warmup, args.repeats, args.batch_size, interleave=False
+            )["jax"]
+            entry["model_flops_per_step"] = flops.step_flops(case, **shape)
+            entry["model_tflops_per_s"] = entry["model_flops_per_step"] / entry["median_s"] / 1e12
+            entry["mfu"] = (
+                flops.mfu(entry["model_flops_per_step"], entry["median_s"], peak, len(devices))
+                if peak
+                else None
+            )
+            by_case[case] = entry
+            del made
+        report["dtypes"][dtype] = by_case
+        print(
+            f"  {model} {dtype}: "
+            + ", ".join(f"{c} {e['median_s'] * 1e3:.1f} ms" for c, e in by_case.items()),
+            flush=True,
+        )
+    return report
+
+
+def accelerator_table(results: dict) -> str:
+    lines = [
+        "| model | device | case | dtype | ex/s | model TFLOP/s | MFU |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for model, record in results.items():
+        report = record.get("accelerator")
+        if not report:
+            continue
+        device = f"{report['num_devices']} x {report['device_kind']}"
+        for dtype, by_case in report["dtypes"].items():
+            for case, e in by_case.items():
+                mfu = f"{e['mfu']:.1%}" if e["mfu"] is not None else "- (peak unknown)"
+                lines.append(
+                    f"| {model} | {device} | {case} | {dtype} | {e['examples_per_s']:.1f} | "
+                    f"{e['model_tflops_per_s']:.3f} | {mfu} |"
+                )
+    return "\n".join(lines)
+
+
 def check_targets(record: dict) -> dict:
     measured = {}
     for case, key in (("full", "full_speedup_vs_torch"), ("eval", "eval_speedup_vs_torch")):
@@ -237,11 +319,22 @@ def main(argv: list[str] | None = None) -> dict:
         f"batch {args.batch_size} x {args.seq_len}, warm-up {args.warmup}, repeats {args.repeats}",
         flush=True,
     )
+    import jax
+
+    on_accelerator = jax.default_backend() != "cpu"
+    report_accelerator = args.accelerator_report == "on" or (
+        args.accelerator_report == "auto" and on_accelerator
+    )
+    machine["jax_backend"] = jax.default_backend()
     results = {}
     for model in args.models.split(","):
         results[model] = bench_model(model, args, frameworks)
+        if report_accelerator:
+            results[model]["accelerator"] = accelerator_report(model, args)
     machine["load_average_1_5_15_end"] = load_average()
     text = table(results, frameworks)
+    if report_accelerator:
+        text += "\n\n" + accelerator_table(results)
     print(text)
     for model, record in results.items():
         for key, target in record["targets"].items():
