@@ -154,6 +154,7 @@ def jax_train_state(m: JaxModel, case: str, *, copy_params: bool = True) -> tupl
             trainable=trainable,
             kind=m.task.kind,
             dropout_key=jax.random.fold_in(jax.random.key(m.config.seed), index),
+            backbone_deterministic=not phase.backbone_dropout,
         ),
         in_shardings=(replicated, sharding.data_sharded(m.mesh)),
         out_shardings=(replicated, replicated),

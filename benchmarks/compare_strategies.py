@@ -67,6 +67,7 @@ def write_dev_sample(dev_file: Path, num_examples: int, out: Path) -> Path:
     if num_examples > len(rows):
         raise ValueError(f"--dev_examples={num_examples}: {dev_file} has only {len(rows)} rows")
     chosen = sorted(random.Random(0).sample(range(len(rows)), num_examples))
+    out.mkdir(parents=True, exist_ok=True)
     path = out / f"dev_sample_{num_examples}.tsv"
     path.write_text(header + "".join(rows[i] for i in chosen), encoding="utf-8")
     return path
@@ -131,10 +132,56 @@ def main() -> None:
             s = summary[-1]
             table.append(f"| {head} | {strategy} | {s['accuracy_mean']:.4f} ± {s['accuracy_std']:.4f} "
                          f"| {s['f1_mean']:.4f} ± {s['f1_std']:.4f} | {len(runs)} |")
+    paired = paired_differences(rows, args.heads.split(","), args.strategies.split(","))
+    if paired:
+        table += ["", "Seed-paired differences in dev accuracy (points), stack_and_finetune minus the other "
+                  "strategy; p from a paired t-test over seeds (scipy.stats.ttest_rel):", "",
+                  "| head | vs | difference (mean) | per seed | p |", "| --- | --- | --- | --- | --- |"]
+        for d in paired:
+            per_seed = ", ".join(f"{x:+.1f}" for x in d["per_seed"])
+            p_value = f"{d['p_value']:.3f}" if d["p_value"] is not None else "-"
+            table.append(f"| {d['head']} | {d['versus']} | {d['mean']:+.2f} | {per_seed} | {p_value} |")
+    majority = majority_accuracy(Path(args.dev_sample_file or args.dev_file))
+    table += ["", f"Majority-class accuracy of the scored dev pairs: {majority:.4f}"]
     print("\n".join(table))
     (out / "compare.json").write_text(json.dumps(
-        {"args": vars(args), "runs": rows, "summary": summary}, indent=2))
+        {"args": vars(args), "runs": rows, "summary": summary, "paired": paired,
+         "dev_majority_accuracy": majority}, indent=2))
     (out / "table.md").write_text("\n".join(table) + "\n")
+
+
+def paired_differences(rows: list[dict], heads: list[str], strategies: list[str]) -> list[dict]:
+    """stack_and_finetune minus each other strategy, per head, matched by seed."""
+    from scipy import stats
+
+    if "stack_and_finetune" not in strategies:
+        return []
+    def accuracy_by_seed(head: str, strategy: str) -> dict[int, float]:
+        return {r["seed"]: r["accuracy"] for r in rows if r["head"] == head and r["strategy"] == strategy}
+
+    result = []
+    for head in heads:
+        ours = accuracy_by_seed(head, "stack_and_finetune")
+        for other in (s for s in strategies if s != "stack_and_finetune"):
+            theirs = accuracy_by_seed(head, other)
+            seeds = sorted(ours.keys() & theirs.keys())
+            if not seeds:
+                continue
+            diffs = [100 * (ours[s] - theirs[s]) for s in seeds]
+            p_value = None
+            if len(seeds) > 1 and len(set(diffs)) > 1:
+                p_value = float(stats.ttest_rel([ours[s] for s in seeds], [theirs[s] for s in seeds]).pvalue)
+            result.append({"head": head, "versus": other, "seeds": seeds, "per_seed": diffs,
+                           "mean": statistics.mean(diffs), "p_value": p_value})
+    return result
+
+
+def majority_accuracy(dev_file: Path) -> float:
+    """Accuracy of always predicting the dev file's most frequent label (last TSV column)."""
+    lines = dev_file.read_text(encoding="utf-8").splitlines()[1:]
+    labels = [line.rsplit("\t", 1)[-1].strip() for line in lines]
+    counts = {label: labels.count(label) for label in set(labels)}
+    return max(counts.values()) / len(labels)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.phase1.max_train_dev_gap = 0.02  # stop once train accuracy exceeds dev accuracy by this much
     c.phase1.gap_eval_examples = 2000  # train examples scored (eval mode) to measure that gap
     c.phase1.patience_evals = 0  # stop after this many evals without dev improvement; 0: off
+    # With backbone dropout off, the frozen backbone maps each example to the same features at every
+    # step, so `feature_cache` can compute them once and train the head on them (stackft_jax/
+    # feature_cache.py). The head keeps its own dropout either way.
+    c.phase1.backbone_dropout = True  # the frozen backbone runs in training mode (with dropout)
+    c.phase1.feature_cache = False  # needs backbone_dropout=False; files under WORKDIR/feature_cache
+    c.phase1.feature_cache_dtype = "float32"  # or "bfloat16": half the disk and page cache
 
     c.phase2 = ml_collections.ConfigDict()
     c.phase2.backbone_learning_rate = 2e-5

@@ -8,6 +8,9 @@ A strategy is a list of phases. A phase says which parameter groups train at whi
                        scalar mix of all layers feeds the head when `model.scalar_mix` is on (Peters et al.).
 - `stack_and_finetune` `phase1` (backbone frozen, head lr ~1e-3, stop before the head overfits), then
                        `phase2` (everything, low lr) from the phase-1 parameters with a fresh optimizer.
+
+A frozen-backbone phase may run its backbone without dropout (`phase1.backbone_dropout=False`); it can then
+train the head from backbone features computed once (`phase1.feature_cache`, see feature_cache.py).
 """
 
 import dataclasses
@@ -41,6 +44,15 @@ class Phase:
     weight_decay: float
     stop: StopRule
     gap_eval_examples: int = 0  # train examples scored in eval mode for the train/dev gap
+    backbone_dropout: bool = True  # False: the backbone runs deterministically, the head keeps dropout
+    feature_cache: bool = False  # train from stored backbone features (frozen, dropout-free backbone)
+    feature_cache_dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.feature_cache and (self.backbone_dropout or self.trains_backbone):
+            raise ValueError(
+                f"phase {self.name}: a feature cache needs a frozen backbone that runs without dropout"
+            )
 
     @property
     def trains_backbone(self) -> bool:
@@ -102,6 +114,9 @@ def frozen_backbone_phase(
             patience_evals=block.patience_evals or None,
         ),
         gap_eval_examples=block.gap_eval_examples if guard_overfitting else 0,
+        backbone_dropout=block.backbone_dropout,
+        feature_cache=block.feature_cache,
+        feature_cache_dtype=block.feature_cache_dtype,
     )
 
 

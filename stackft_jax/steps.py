@@ -1,5 +1,9 @@
 """Pure, module-level train and eval steps. `train.py` binds the static arguments and jits them once
-per phase; the state is donated."""
+per phase; the state is donated.
+
+Every step takes a batch of tokens, or (train and eval steps) a batch that also carries cached
+backbone features (feature_cache.py); the batch's keys pick the path when the step is traced.
+"""
 
 from typing import Any
 
@@ -44,17 +48,24 @@ def train_step(
     trainable: Any,
     kind: str,
     dropout_key: jax.Array,
+    backbone_deterministic: bool = False,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step. Frozen leaves (`trainable` False) enter the forward pass behind
     `stop_gradient`, so no backward pass runs through a frozen backbone, and they are returned untouched
-    (bit-identical, not `p + 0`)."""
+    (bit-identical, not `p + 0`). `backbone_deterministic` runs the backbone without dropout; on a batch
+    with cached features the backbone does not run at all."""
     # Dropout masks depend only on (seed, phase, step): a resumed run draws the same ones.
     step_key = jax.random.fold_in(dropout_key, state.step)
 
     def loss_fn(params):
         params = jax.tree.map(lambda t, p: p if t else jax.lax.stop_gradient(p), trainable, params)
         model = nnx.merge(graphdef, params)
-        logits = model(batch, deterministic=False, rngs=nnx.Rngs(dropout=step_key))
+        logits = model(
+            batch,
+            deterministic=False,
+            backbone_deterministic=backbone_deterministic,
+            rngs=nnx.Rngs(dropout=step_key),
+        )
         loss_sum, stats = task_loss(logits, batch, kind)
         return loss_sum / jnp.maximum(stats["count"], 1.0), stats
 
@@ -76,3 +87,20 @@ def eval_step(
     _, stats = task_loss(logits, batch, kind)
     predictions = jnp.argmax(logits, -1) if kind == "classification" else logits[:, 0]
     return {"predictions": predictions, **stats}
+
+
+def features_step(
+    params: Any, batch: Batch, *, graphdef: nnx.GraphDef, all_layers: bool, dtype: Any
+) -> dict[str, jax.Array]:
+    """The backbone's deterministic outputs as feature_cache.py stores them: `hidden_states`
+    [batch, length, layers, hidden] (every layer with the embeddings first, or only the last) and
+    `pooled` [batch, hidden], both in `dtype`."""
+    backbone = nnx.merge(graphdef, params).backbone
+    out = backbone(
+        batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], deterministic=True
+    )
+    layers = out.hidden_states if all_layers else out.hidden_states[-1:]
+    return {
+        "hidden_states": jnp.stack(layers, axis=2).astype(dtype),
+        "pooled": out.pooled.astype(dtype),
+    }

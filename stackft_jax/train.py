@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from stackft_jax import checkpointing, metrics, optim, phases, sharding, steps
+from stackft_jax import checkpointing, feature_cache, metrics, optim, phases, sharding, steps
 from stackft_jax.data import batching, tasks, tokenization
 from stackft_jax.models import bert
 from stackft_jax.models.task_model import TaskModel
@@ -83,6 +83,16 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     ):
         if config[key] <= 0:
             raise ValueError(f"config.{key} must be positive, got {config[key]}")
+    if config.phase1.feature_cache and config.phase1.backbone_dropout:
+        raise ValueError(
+            "config.phase1.feature_cache=True needs config.phase1.backbone_dropout=False: the cache "
+            "holds the frozen backbone's outputs without dropout, and with dropout they change every step"
+        )
+    if config.phase1.feature_cache_dtype not in feature_cache.DTYPES:
+        raise ValueError(
+            f"config.phase1.feature_cache_dtype={config.phase1.feature_cache_dtype!r}: choose one of "
+            f"{sorted(feature_cache.DTYPES)}"
+        )
 
 
 def load_datasets(config, task, tokenizer) -> dict[str, tokenization.TokenizedDataset]:
@@ -137,14 +147,27 @@ def build_model(config, task, model_dir: Path) -> tuple[TaskModel, bert.BertConf
     return model, bert_config
 
 
-def evaluate(ctx: Context, params, split: str, limit: int | None = None) -> dict[str, float]:
+def evaluate(
+    ctx: Context,
+    params,
+    split: str,
+    limit: int | None = None,
+    features: feature_cache.FeatureCache | None = None,
+) -> dict[str, float]:
+    """Metrics on `split` (its first `limit` examples); from the split's cached backbone features when
+    `features` is given."""
     dataset = ctx.datasets[split]
     predictions, indices, loss_sum, count = [], [], 0.0, 0.0
     for batch in batching.eval_batches(
         dataset, global_batch_size=ctx.eval_global_batch_size, buckets=ctx.buckets, limit=limit
     ):
         index = batch.pop("index")
+        if features is not None:
+            # Padding rows repeat the batch's first example (eval_batches); so do their features.
+            batch["index"] = np.where(index >= 0, index, index[0])
         local = batching.process_slice(batch, jax.process_index(), jax.process_count())
+        if features is not None:
+            local = features.attach(local)
         out = sharding.to_host(ctx.eval_fn(params, sharding.put_batch(local, ctx.mesh)))
         predictions.append(np.asarray(out["predictions"])[index >= 0])
         indices.append(index[index >= 0])
@@ -156,23 +179,52 @@ def evaluate(ctx: Context, params, split: str, limit: int | None = None) -> dict
     return {**values, "loss": loss_sum / max(count, 1.0)}
 
 
+# One flag per process: set by SIGTERM, read by every phase's loop. A fresh flag per phase would miss a
+# SIGTERM that arrives in a later phase (the handler installed first keeps setting the first flag).
+_SIGTERM = {"set": False}
+
+
+def _on_sigterm(signum, frame) -> None:
+    _SIGTERM["set"] = True
+
+
 def _install_sigterm_flag() -> dict[str, bool]:
-    flag = {"set": False}
-
-    def handler(signum, frame):
-        flag["set"] = True
-
-    if jax.process_count() == 1 and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+    """The process's SIGTERM flag, with its handler installed unless someone else's handler is."""
+    installable = (signal.SIG_DFL, None, _on_sigterm)
+    if jax.process_count() == 1 and signal.getsignal(signal.SIGTERM) in installable:
         try:
-            signal.signal(signal.SIGTERM, handler)
+            signal.signal(signal.SIGTERM, _on_sigterm)
         except ValueError:  # not the main thread (e.g. some notebook runners): keep the default
             pass
-    return flag
+    return _SIGTERM
 
 
 def _kill_requested(phase: str, step: int) -> bool:
     target = os.environ.get(KILL_AT_ENV, "")
     return target == f"{phase}:{step}"
+
+
+def feature_caches(
+    ctx: Context, phase: phases.Phase, params
+) -> dict[str, feature_cache.FeatureCache]:
+    """The frozen backbone's train and dev features for `phase`, built once per workdir (a resumed
+    run reopens them); the train/dev gap evaluation reads the train cache too."""
+    caches = {}
+    for split in ("train", "dev"):
+        # One folder per process: hosts sharing a filesystem must not replace each other's files.
+        name = split if jax.process_count() == 1 else f"{split}.process{jax.process_index()}"
+        caches[split] = feature_cache.open_or_build(
+            ctx.workdir / "feature_cache" / phase.name / name,
+            ctx.datasets[split],
+            params,
+            graphdef=ctx.graphdef,
+            mesh=ctx.mesh,
+            all_layers=ctx.config.model.scalar_mix,
+            dtype=phase.feature_cache_dtype,
+            global_batch_size=ctx.eval_global_batch_size,
+            buckets=ctx.buckets,
+        )
+    return caches
 
 
 def run_phase(
@@ -222,19 +274,30 @@ def run_phase(
     # Drop what a killed run logged after its last checkpoint, so the record is written once.
     ctx.report.keep_records(lambda r: r["global_step"] <= global_offset + start_step)
 
-    train_step = jax.jit(
-        functools.partial(
-            steps.train_step,
+    def train_step(state, batch, dropout_key):  # named so for compile logs (benchmarks/compile_count)
+        return steps.train_step(
+            state,
+            batch,
             graphdef=ctx.graphdef,
             tx=tx,
             trainable=trainable,
             kind=ctx.task.kind,
-            dropout_key=jax.random.fold_in(jax.random.key(config.seed), index),
-        ),
-        in_shardings=(replicated, sharding.data_sharded(mesh)),
+            dropout_key=dropout_key,
+            backbone_deterministic=not phase.backbone_dropout,
+        )
+
+    # The dropout key is an argument, not a constant baked into the program: runs that differ only in
+    # their seed compile the same program (one persistent-cache entry serves them all).
+    jitted_train_step = jax.jit(
+        train_step,
+        in_shardings=(replicated, sharding.data_sharded(mesh), replicated),
         out_shardings=(replicated, replicated),
         donate_argnums=0,
     )
+    dropout_key = jax.device_put(jax.random.fold_in(jax.random.key(config.seed), index), replicated)
+
+    def step_with_key(state, batch):
+        return jitted_train_step(state, batch, dropout_key)
     state = steps.TrainState(**state)
     log.info(
         "%s: %d steps, trainable groups %s, optimizer state %.1f MB",
@@ -258,6 +321,8 @@ def run_phase(
 
     sigterm = _install_sigterm_flag()
     started = time.time()
+    # Built before the first step donates the state: its backbone is the phase's frozen one.
+    features = feature_caches(ctx, phase, state.params) if phase.feature_cache else {}
     step, stop_reason = start_step, None
     window: list[dict] = []
     window_start = time.time()
@@ -274,10 +339,13 @@ def run_phase(
         global_batch_size=ctx.global_batch_size,
         seed=config.seed * 1000 + index,
         buckets=ctx.buckets,
+        with_index=bool(features),
     )
     while stop_reason is None and step < phase.num_steps:
         local = batching.process_slice(next(batches), jax.process_index(), jax.process_count())
-        state, step_metrics = train_step(state, sharding.put_batch(local, mesh))
+        if features:
+            local = features["train"].attach(local)
+        state, step_metrics = step_with_key(state, sharding.put_batch(local, mesh))
         step += 1
         window.append(step_metrics)
         progress.update(1)
@@ -302,7 +370,7 @@ def run_phase(
             window, window_start = [], time.time()
 
         if step % config.eval_every_steps == 0 or step == phase.num_steps:
-            dev = evaluate(ctx, state.params, "dev")
+            dev = evaluate(ctx, state.params, "dev", features=features.get("dev"))
             ctx.report.eval(
                 phase=phase.name,
                 step=step,
@@ -312,7 +380,13 @@ def run_phase(
             )
             train_accuracy = None
             if phase.gap_eval_examples:
-                train_eval = evaluate(ctx, state.params, "train", limit=phase.gap_eval_examples)
+                train_eval = evaluate(
+                    ctx,
+                    state.params,
+                    "train",
+                    limit=phase.gap_eval_examples,
+                    features=features.get("train"),
+                )
                 ctx.report.eval(
                     phase=phase.name,
                     step=step,
@@ -351,6 +425,7 @@ def run_phase(
         if sigterm["set"]:
             checkpoints.close()
             best_checkpoint.close()
+            sigterm["set"] = False  # handled: a rerun in this process (a notebook) starts clean
             raise Preempted(
                 f"SIGTERM: checkpoint saved at {phase.name} step {step}; rerun the "
                 "same command to resume"
@@ -371,6 +446,7 @@ def run_phase(
         "best": best,
         "learning_rates": phase.learning_rates,
         "optimizer_state_bytes": optim.optimizer_state_bytes(state.opt_state),
+        "feature_cache_bytes": sum(cache.nbytes for cache in features.values()),
     }
     return state.params, record
 

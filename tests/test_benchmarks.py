@@ -8,7 +8,15 @@ first epoch.
 import json
 from pathlib import Path
 
-from benchmarks import compile_count, input_pipeline, memory, model_variants, profile_step, train_speed
+from benchmarks import (
+    compile_count,
+    feature_cache,
+    input_pipeline,
+    memory,
+    model_variants,
+    profile_step,
+    train_speed,
+)
 from stackft_jax.models import bert, dropout
 
 FIXTURE_TRAIN = Path(__file__).resolve().parent / "fixtures" / "qqp" / "train.tsv"
@@ -86,6 +94,29 @@ def test_input_pipeline(tmp_path):
     assert payload["batching"]["batches"] == payload["batching_with_put_batch"]["batches"] == 50
     assert payload["train_step"]["steps_per_s"] > 0
     assert isinstance(payload["target_met"], bool)
+
+
+def test_feature_cache(tmp_path):
+    out = tmp_path / "feature_cache.json"
+    feature_cache.main(
+        [
+            "--quick",
+            "--model=tiny",
+            f"--train-file={FIXTURE_TRAIN}",
+            "--modes=recompute_dropout,recompute,cached",
+            f"--out={out}",
+        ]
+    )
+    payload = _read(out)
+    assert payload["num_examples"] == 40 and payload["steps_per_epoch"] == 5
+    results = payload["results"]
+    assert results["cached"]["build_s"] > 0 and results["cached"]["cache_bytes"] > 0
+    assert results["recompute"]["build_s"] is None
+    for record in results.values():
+        assert len(record["epochs"]) == 2 and record["steady_epoch_s"] > 0
+    assert set(payload["ratios"]) == {"recompute_over_cached", "recompute_dropout_over_cached"}
+    # Training from the cache computes what recomputing the backbone without dropout computes.
+    assert payload["ratios"]["recompute_over_cached"]["losses_match"]
 
 
 def test_profile_step(tmp_path):

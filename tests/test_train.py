@@ -116,6 +116,25 @@ def test_sigterm_saves_and_resumes(uninterrupted, tmp_path):
     _assert_same_run(uninterrupted, tmp_path)
 
 
+def test_sigterm_flag_reaches_every_phase():
+    """Each phase asks for the flag; a SIGTERM in a later phase must still be seen (the handler used
+    to keep setting the first phase's flag)."""
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        train._install_sigterm_flag()  # phase 1
+        flag = train._install_sigterm_flag()  # phase 2
+        assert not flag["set"]
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.time() + 5
+        while not flag["set"] and time.time() < deadline:
+            time.sleep(0.01)
+        assert flag["set"]
+    finally:
+        train._SIGTERM["set"] = False
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_mistyped_config_key_is_an_error(tmp_path):
     proc = _cli(tmp_path, "--config.phase1.lerning_rate=0.1")
     assert proc.returncode != 0

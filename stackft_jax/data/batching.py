@@ -81,8 +81,10 @@ def train_batches(
     global_batch_size: int,
     seed: int,
     buckets: tuple[int, ...],
+    with_index: bool = False,
 ) -> Iterator[Batch]:
-    """train_batch(step) for step = start_step, start_step + 1, ... forever."""
+    """train_batch(step) for step = start_step, start_step + 1, ... forever. `with_index` adds
+    `index`, each row's example (what the feature cache looks features up by)."""
     per_epoch = steps_per_epoch(len(ds), global_batch_size)
     step = start_step
     cached_epoch, permutation = None, None
@@ -90,7 +92,11 @@ def train_batches(
         epoch, i = divmod(step, per_epoch)
         if epoch != cached_epoch:
             cached_epoch, permutation = epoch, _epoch_permutation(len(ds), seed, epoch)
-        yield _gather(ds, permutation[i * global_batch_size : (i + 1) * global_batch_size], buckets)
+        indices = permutation[i * global_batch_size : (i + 1) * global_batch_size]
+        batch = _gather(ds, indices, buckets)
+        if with_index:
+            batch["index"] = indices.astype(np.int32)
+        yield batch
         step += 1
 
 

@@ -67,16 +67,32 @@ class TaskModel(nnx.Module):
         )
 
     def __call__(
-        self, batch: dict[str, jax.Array], *, deterministic: bool, rngs: nnx.Rngs | None = None
+        self,
+        batch: dict[str, jax.Array],
+        *,
+        deterministic: bool,
+        backbone_deterministic: bool = False,
+        rngs: nnx.Rngs | None = None,
     ) -> jax.Array:
-        out = self.backbone(
-            batch["input_ids"],
-            batch["token_type_ids"],
-            batch["attention_mask"],
-            deterministic=deterministic,
-            rngs=rngs,
-        )
-        logits = self.head(
-            out.hidden_states, out.pooled, batch, deterministic=deterministic, rngs=rngs
-        )
+        """Logits [batch, num_outputs]. `backbone_deterministic` turns off the backbone's dropout only;
+        it then draws no dropout keys, so the head's keys do not depend on whether the backbone ran.
+
+        A batch that carries cached backbone features (feature_cache.py: `hidden_states` [batch,
+        length, stored layers, hidden], `pooled` [batch, hidden]) skips the backbone: the head alone runs.
+        """
+        if "hidden_states" in batch:
+            # Cast to the compute dtype: the head sees what the backbone would have handed it.
+            stacked = batch["hidden_states"].astype(self.backbone.dtype)
+            hidden_states = tuple(stacked[:, :, i] for i in range(stacked.shape[2]))
+            pooled = batch["pooled"].astype(self.backbone.dtype)
+        else:
+            out = self.backbone(
+                batch["input_ids"],
+                batch["token_type_ids"],
+                batch["attention_mask"],
+                deterministic=deterministic or backbone_deterministic,
+                rngs=rngs,
+            )
+            hidden_states, pooled = out.hidden_states, out.pooled
+        logits = self.head(hidden_states, pooled, batch, deterministic=deterministic, rngs=rngs)
         return logits.astype(jnp.float32)

@@ -1,0 +1,222 @@
+"""The frozen-feature cache: what it stores, that training from it matches recomputing the backbone,
+the config error, and resume after a kill inside a cached phase."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from flax import nnx
+
+from configs import tiny
+from stackft_jax import checkpointing, feature_cache, sharding, steps, train
+from stackft_jax.data import batching, tasks, tokenization
+from stackft_jax.models import bert
+from stackft_jax.report import RunReport
+
+REPO = Path(__file__).resolve().parent.parent
+# Finer than the tiny config's single bucket (32): the cache is then built at other padded lengths than
+# the training batches use, as it is on real data.
+BUCKETS = (16, 24, 32)
+# Phase 1 scores train examples for the train/dev gap (read from the train cache); a 1-step phase 2
+# checks that training the backbone afterwards starts from the same place.
+CACHED = "phase1.backbone_dropout=false,phase2.num_steps=1"
+
+
+def _dev_split_and_model(scalar_mix: bool):
+    config = tiny.get_config()
+    config.model.scalar_mix = scalar_mix
+    task = tasks.get_task(config.data.task)
+    model_dir = bert.resolve_model_dir(config.model.name_or_path)
+    examples = tasks.load_examples(task, "dev", config.data.dev_file)
+    ds = tokenization.tokenize_examples(
+        tokenization.load_tokenizer(model_dir), examples, max_seq_length=32, task=task
+    )
+    model, _ = train.build_model(config, task, model_dir)
+    return ds, model
+
+
+def _open_or_build(directory: Path, ds, model, *, all_layers: bool, dtype: str = "float32"):
+    mesh = sharding.make_mesh()
+    graphdef, state = nnx.split(model)
+    params = jax.device_put(nnx.to_pure_dict(state), sharding.replicated(mesh))
+    return feature_cache.open_or_build(
+        directory,
+        ds,
+        params,
+        graphdef=graphdef,
+        mesh=mesh,
+        all_layers=all_layers,
+        dtype=dtype,
+        global_batch_size=8,
+        buckets=BUCKETS,
+    )
+
+
+@pytest.mark.parametrize(("all_layers", "dtype"), [(True, "float32"), (False, "bfloat16")])
+def test_cache_holds_the_backbones_outputs_at_real_positions(all_layers, dtype, tmp_path):
+    ds, model = _dev_split_and_model(scalar_mix=all_layers)
+    cache = _open_or_build(tmp_path / "dev", ds, model, all_layers=all_layers, dtype=dtype)
+    num_layers = 3 if all_layers else 1  # embeddings + 2 layers, or the last layer only
+    # Ragged: real tokens only, nothing stored for padding.
+    assert cache.hidden_states.shape == (ds.lengths.sum(), num_layers, 32)
+    assert cache.pooled.shape == (len(ds), 32)
+    assert cache.hidden_states.dtype == feature_cache.DTYPES[dtype]
+    tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == "float32" else {"rtol": 1e-2, "atol": 1e-2}
+    shortest, longest = int(np.argmin(ds.lengths)), int(np.argmax(ds.lengths))
+    assert ds.lengths[shortest] < ds.lengths[longest]
+    for i in (shortest, longest, 5):
+        n = ds.lengths[i]
+        # Each example alone, unpadded: what the cache must hold at its real positions.
+        out = model.backbone(
+            ds.input_ids[i : i + 1, :n],
+            ds.token_type_ids[i : i + 1, :n],
+            np.ones((1, n), np.int32),
+            deterministic=True,
+        )
+        expected = np.stack(out.hidden_states if all_layers else out.hidden_states[-1:], axis=2)[0]
+        stored = cache.hidden_states[cache.offsets[i] : cache.offsets[i + 1]]
+        np.testing.assert_allclose(stored.astype(np.float32), expected, **tolerance)
+        np.testing.assert_allclose(cache.pooled[i].astype(np.float32), out.pooled[0], **tolerance)
+
+    # A batch gets each row's features at its real positions and zeros in its padding.
+    rows = np.array([longest, shortest, 5, shortest], np.int32)
+    batch = batching._gather(ds, rows, (32,))
+    attached = cache.attach({**batch, "index": rows})
+    assert "index" not in attached and attached["hidden_states"].shape == (4, 32, num_layers, 32)
+    for j, i in enumerate(rows):
+        n = ds.lengths[i]
+        stored = cache.hidden_states[cache.offsets[i] : cache.offsets[i + 1]]
+        np.testing.assert_array_equal(attached["hidden_states"][j, :n], stored)
+        assert not attached["hidden_states"][j, n:].any()
+    np.testing.assert_array_equal(attached["pooled"], cache.pooled[rows])
+
+
+def test_cache_is_reopened_for_the_same_weights_and_rebuilt_for_others(tmp_path, monkeypatch):
+    ds, model = _dev_split_and_model(scalar_mix=False)
+    first = np.array(_open_or_build(tmp_path / "dev", ds, model, all_layers=False).hidden_states)
+
+    def no_backbone(*args, **kwargs):
+        raise AssertionError("the backbone ran although the cache was complete")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(steps, "features_step", no_backbone)
+        reopened = _open_or_build(tmp_path / "dev", ds, model, all_layers=False)
+    np.testing.assert_array_equal(reopened.hidden_states, first)
+
+    pooler = model.backbone.pooler.kernel
+    pooler[...] = pooler[...] + 1.0  # other weights: a stale cache must not be read
+    rebuilt = _open_or_build(tmp_path / "dev", ds, model, all_layers=False)
+    assert not np.array_equal(rebuilt.pooled, reopened.pooled)
+    assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_feature_cache_with_backbone_dropout_is_a_config_error(tmp_path):
+    config = tiny.get_config("strategy=stack_only,phase1.feature_cache=true")
+    with pytest.raises(ValueError, match=r"phase1\.feature_cache.*phase1\.backbone_dropout=False"):
+        train.run(config, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def _train(workdir: Path, monkeypatch, arg: str) -> dict:
+    """train.run in process; returns its results, per-step training losses, eval records and the
+    final parameters of phase 1."""
+    config = tiny.get_config(arg)
+    config.log_every_steps = 1
+    losses = []
+    with monkeypatch.context() as patch:
+        patch.setattr(train.batching, "length_buckets", lambda max_seq_length: BUCKETS)
+        patch.setattr(RunReport, "train", lambda self, *, global_step, metrics: losses.append(metrics))
+        results = train.run(config, workdir)
+    with ocp.StandardCheckpointer() as checkpointer:
+        params = checkpointer.restore(checkpointing.phase_end_path(workdir, "phase1") / "params")
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return {"results": results, "losses": losses, "records": records, "params": params}
+
+
+# The last layer alone, and every layer through the scalar mix (whose weights and gamma then train).
+@pytest.mark.parametrize("arg", ["model.scalar_mix=false", "model.scalar_mix=true"])
+def test_training_from_the_cache_matches_recomputing_the_backbone(arg, tmp_path, monkeypatch):
+    recomputed = _train(tmp_path / "recomputed", monkeypatch, f"{CACHED},{arg}")
+    cached = _train(tmp_path / "cached", monkeypatch, f"{CACHED},{arg},phase1.feature_cache=true")
+
+    meta = json.loads((tmp_path / "cached/feature_cache/phase1/train/meta.json").read_text())
+    assert meta["hidden_states_shape"][1] == (3 if "scalar_mix=true" in arg else 1)
+    assert cached["results"]["phases"][0]["feature_cache_bytes"] > 0
+    assert not (tmp_path / "recomputed" / "feature_cache").exists()
+
+    assert len(cached["losses"]) == len(recomputed["losses"]) == 6 + 1
+    for a, b in zip(recomputed["losses"], cached["losses"], strict=True):
+        assert a.keys() == b.keys()
+        for key in ("loss", "grad_norm", "running_accuracy"):
+            np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-6)
+    assert [(r["phase"], r["step"], r["split"]) for r in cached["records"]] == [
+        (r["phase"], r["step"], r["split"]) for r in recomputed["records"]
+    ]
+    assert ("phase1", 3, "train_subset") in [(r["phase"], r["step"], r["split"]) for r in cached["records"]]
+    for a, b in zip(recomputed["records"], cached["records"], strict=True):
+        for key in ("loss", "accuracy", "f1"):
+            np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-6)
+    # The backbone is untouched; the head trained to the same parameters.
+    jax.tree.map(
+        np.testing.assert_array_equal,
+        cached["params"]["backbone"],
+        recomputed["params"]["backbone"],
+    )
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6),
+        recomputed["params"]["head"],
+        cached["params"]["head"],
+    )
+
+
+def _cli(workdir: Path, kill_at: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop(train.KILL_AT_ENV, None)
+    if kill_at:
+        env[train.KILL_AT_ENV] = kill_at
+    cmd = [
+        sys.executable,
+        "-m",
+        "stackft_jax.main",
+        "--config=configs/tiny.py:phase1.backbone_dropout=false,phase1.feature_cache=true",
+        f"--workdir={workdir}",
+    ]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_resume_inside_a_cached_phase_equals_an_uninterrupted_run(tmp_path):
+    uninterrupted, resumed = tmp_path / "uninterrupted", tmp_path / "resumed"
+    proc = _cli(uninterrupted)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # Killed twice in phase 1: first resumed with the cache deleted (rebuilt), then with it in place
+    # (reopened); then phase 2, which trains the backbone, runs as usual.
+    proc = _cli(resumed, kill_at="phase1:3")
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    assert (resumed / "feature_cache" / "phase1" / "train" / "meta.json").is_file()
+    shutil.rmtree(resumed / "feature_cache")
+    proc = _cli(resumed, kill_at="phase1:5")
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    proc = _cli(resumed)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    ra, rb = (json.loads((w / "results.json").read_text()) for w in (uninterrupted, resumed))
+    assert ra["final"] == rb["final"] and ra["best"] == rb["best"]
+    assert [(p["phase"], p["steps"], p["stop_reason"]) for p in ra["phases"]] == [
+        (p["phase"], p["steps"], p["stop_reason"]) for p in rb["phases"]
+    ]
+    assert (uninterrupted / "metrics.jsonl").read_text() == (resumed / "metrics.jsonl").read_text()
+    with ocp.StandardCheckpointer() as checkpointer:
+        for phase in ("phase1", "phase2"):
+            pa, pb = (
+                checkpointer.restore(checkpointing.phase_end_path(w, phase) / "params")
+                for w in (uninterrupted, resumed)
+            )
+            jax.tree.map(np.testing.assert_array_equal, pa, pb)
