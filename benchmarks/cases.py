@@ -3,7 +3,7 @@
 One model and one fixed batch; three cases per framework:
 
   full     every parameter trains: the project's phase-2 optimizer (BERT-AdamW, clipping at 1.0) and
-           `steps.train_step` jitted as `train.py` jits it; torch: AdamW over everything, no decay on
+           `train.build_phase_step` (what `train.run_phase` runs); torch: AdamW over everything, no decay on
            bias/LayerNorm, `clip_grad_norm_(..., 1.0)`.
   phase1   backbone frozen: the project's phase-1 labels (the backbone behind `stop_gradient`, no optimizer
            state for it); torch: `backbone.requires_grad_(False)` and only head parameters in AdamW.
@@ -124,43 +124,28 @@ def _fresh_copy(params: Any) -> Any:
     return jax.tree.map(jnp.copy, params)
 
 
-def jax_train_state(m: JaxModel, case: str, *, copy_params: bool = True) -> tuple[steps.TrainState, Callable]:
-    """The train state and the jitted step of `case` ("full" or "phase1"), as `train.run_phase`
+def jax_phase_step(m: JaxModel, case: str, *, copy_params: bool = True) -> tuple[steps.TrainState, Any]:
+    """The train state and `train.PhaseStep` of `case` ("full" or "phase1"), as `train.run_phase`
     builds them. The step donates the state: without `copy_params`, `m.params` is consumed."""
     phase = m.plan[PHASE_OF_CASE[case]]
-    index = list(m.plan).index(phase.name)
-    tx, labels = optim.build_optimizer(
+    phase_step = train.build_phase_step(
+        phase,
+        list(m.plan).index(phase.name),
         m.params,
-        rules=phase.rules,
-        learning_rates=phase.learning_rates,
-        num_steps=phase.num_steps,
-        warmup_steps=phase.warmup_steps,
-        schedule=phase.schedule,
-        weight_decay=phase.weight_decay,
+        graphdef=m.graphdef,
+        kind=m.task.kind,
+        mesh=m.mesh,
+        seed=m.config.seed,
         max_grad_norm=m.config.max_grad_norm,
     )
-    trainable = optim.trainable_mask(labels)
-    replicated = sharding.replicated(m.mesh)
+    params = _fresh_copy(m.params) if copy_params else m.params
+    return steps.TrainState(**phase_step.init_state(params)), phase_step
 
-    @functools.partial(jax.jit, out_shardings=replicated)
-    def init_state(p):
-        return steps.TrainState(step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p))
 
-    train_step = jax.jit(
-        functools.partial(
-            steps.train_step,
-            graphdef=m.graphdef,
-            tx=tx,
-            trainable=trainable,
-            kind=m.task.kind,
-            dropout_key=jax.random.fold_in(jax.random.key(m.config.seed), index),
-            backbone_deterministic=not phase.backbone_dropout,
-        ),
-        in_shardings=(replicated, sharding.data_sharded(m.mesh)),
-        out_shardings=(replicated, replicated),
-        donate_argnums=0,
-    )
-    return init_state(_fresh_copy(m.params) if copy_params else m.params), train_step
+def jax_train_state(m: JaxModel, case: str, *, copy_params: bool = True) -> tuple[steps.TrainState, Callable]:
+    """The train state and the step function `(state, batch) -> (state, metrics)` of `case`."""
+    state, phase_step = jax_phase_step(m, case, copy_params=copy_params)
+    return state, phase_step.train_step
 
 
 def jax_eval_fn(m: JaxModel) -> Callable:

@@ -224,8 +224,7 @@ def main(argv: list[str] | None = None) -> dict:
         "steps_per_phase": {p["phase"]: p["steps"] for p in results["phases"]},
         **summary,
     }
-    path = write_json(args.out, payload)
-    print(f"wrote {path}")
+    write_json(args.out, payload)
     return payload
 
 

@@ -237,8 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
         "ratios": ratio,
         "table_markdown": text,
     }
-    path = write_json(args.out, payload)
-    print(f"wrote {path}")
+    write_json(args.out, payload)
     return payload
 
 

@@ -166,8 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"pipeline / step rate = {speedup:,.0f}x (target >= {TARGET_SPEEDUP}x): "
         f"{'met' if payload['target_met'] else 'MISSED'}; buckets {host['bucket_counts']}"
     )
-    path = write_json(args.out, payload)
-    print(f"wrote {path}")
+    write_json(args.out, payload)
     return payload
 
 

@@ -40,4 +40,5 @@ def write_json(path: str | Path, payload: dict) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
+    print(f"wrote {path}")
     return path

@@ -66,8 +66,8 @@ def _jax_case(model, case: str, batch: dict) -> tuple[cases.Case, Callable[[], d
     if case == "eval":
         fn, args = cases.jax_eval_fn(model), (model.params, device_batch)
     else:
-        state, fn = cases.jax_train_state(model, case, copy_params=False)
-        args = (state, device_batch)
+        state, phase_step = cases.jax_phase_step(model, case, copy_params=False)
+        fn, args = phase_step.jitted_step, (state, device_batch, phase_step.dropout_key)
     compiled = {}
 
     def compile_step() -> dict:
@@ -84,7 +84,7 @@ def _jax_case(model, case: str, batch: dict) -> tuple[cases.Case, Callable[[], d
         out = compiled["fn"](*holder["args"])
         jax.block_until_ready(out)
         if case != "eval":
-            holder["args"] = (out[0], device_batch)
+            holder["args"] = (out[0], *holder["args"][1:])
 
     def state_bytes() -> int:
         return 0 if case == "eval" else optim.optimizer_state_bytes(holder["args"][0].opt_state)
@@ -227,8 +227,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         "results": rows,
         "table_markdown": text,
     }
-    path = write_json(args.out, payload)
-    print(f"wrote {path}")
+    write_json(args.out, payload)
     return payload
 
 

@@ -103,8 +103,8 @@ def build(model_name: str, case: str, batch_size: int, seq_len: int):
     )
     if case == "eval":
         return cases.jax_eval_fn(model), (model.params, batch), False
-    state, train_step = cases.jax_train_state(model, case)
-    return train_step, (state, batch), True
+    state, phase_step = cases.jax_phase_step(model, case)
+    return phase_step.jitted_step, (state, batch, phase_step.dropout_key), True
 
 
 def profile(model_name: str, case: str, args: argparse.Namespace) -> dict:
@@ -118,7 +118,7 @@ def profile(model_name: str, case: str, args: argparse.Namespace) -> dict:
         out = fn(*fn_args)
         jax.block_until_ready(out)
         if donates:  # the train step's new state replaces the donated one
-            fn_args = (out[0], fn_args[1])
+            fn_args = (out[0], *fn_args[1:])
 
     for _ in range(args.warmup):
         call()
@@ -210,8 +210,7 @@ def main(argv: list[str] | None = None) -> dict:
         "load_average_1_5_15": {"start": load_start, "end": load_average()},
         "results": results,
     }
-    path = write_json(args.out, payload)
-    print(f"wrote {path}")
+    write_json(args.out, payload)
     return payload
 
 

@@ -350,8 +350,7 @@ def main(argv: list[str] | None = None) -> dict:
         "results": results,
         "table_markdown": text,
     }
-    path = write_json(args.out, payload)
-    print(f"wrote {path}")
+    write_json(args.out, payload)
     return payload
 
 

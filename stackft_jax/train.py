@@ -10,9 +10,9 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -227,11 +227,28 @@ def feature_caches(
     return caches
 
 
-def run_phase(
-    ctx: Context, phase: phases.Phase, index: int, params, global_offset: int, best: dict
-) -> tuple[Any, dict]:
-    """Trains one phase to its stop; returns its final parameters and its record."""
-    config, mesh = ctx.config, ctx.mesh
+class PhaseStep(NamedTuple):
+    init_state: Callable  # params -> {"step", "params", "opt_state"} (a dict: checkpoints restore into it)
+    jitted_step: Callable  # jitted (TrainState, device batch, dropout_key) -> (TrainState, metrics)
+    dropout_key: jax.Array
+
+    def train_step(self, state, batch):
+        """One step with the phase's dropout key; donates `state`."""
+        return self.jitted_step(state, batch, self.dropout_key)
+
+
+def build_phase_step(
+    phase: phases.Phase,
+    index: int,
+    params,
+    *,
+    graphdef: nnx.GraphDef,
+    kind: str,
+    mesh: jax.sharding.Mesh,
+    seed: int,
+    max_grad_norm: float,
+) -> PhaseStep:
+    """The phase's optimizer state initialiser and jitted train step (also what benchmarks time)."""
     replicated = sharding.replicated(mesh)
     tx, labels = optim.build_optimizer(
         params,
@@ -241,13 +258,55 @@ def run_phase(
         warmup_steps=phase.warmup_steps,
         schedule=phase.schedule,
         weight_decay=phase.weight_decay,
-        max_grad_norm=config.max_grad_norm,
+        max_grad_norm=max_grad_norm,
     )
     trainable = optim.trainable_mask(labels)
 
     @functools.partial(jax.jit, out_shardings=replicated)
     def init_state(p):
         return {"step": jnp.zeros((), jnp.int32), "params": p, "opt_state": tx.init(p)}
+
+    def train_step(state, batch, dropout_key):  # named so for compile logs (benchmarks/compile_count)
+        return steps.train_step(
+            state,
+            batch,
+            graphdef=graphdef,
+            tx=tx,
+            trainable=trainable,
+            kind=kind,
+            dropout_key=dropout_key,
+            backbone_deterministic=not phase.backbone_dropout,
+        )
+
+    # The dropout key is an argument, not a constant baked into the program: runs that differ only in
+    # their seed compile the same program (one persistent-cache entry serves them all).
+    jitted_train_step = jax.jit(
+        train_step,
+        in_shardings=(replicated, sharding.data_sharded(mesh), replicated),
+        out_shardings=(replicated, replicated),
+        donate_argnums=0,
+    )
+    dropout_key = jax.device_put(jax.random.fold_in(jax.random.key(seed), index), replicated)
+    return PhaseStep(init_state, jitted_train_step, dropout_key)
+
+
+def run_phase(
+    ctx: Context, phase: phases.Phase, index: int, params, global_offset: int, best: dict
+) -> tuple[Any, dict]:
+    """Trains one phase to its stop; returns its final parameters and its record."""
+    config, mesh = ctx.config, ctx.mesh
+    replicated = sharding.replicated(mesh)
+    phase_step = build_phase_step(
+        phase,
+        index,
+        params,
+        graphdef=ctx.graphdef,
+        kind=ctx.task.kind,
+        mesh=mesh,
+        seed=config.seed,
+        max_grad_norm=config.max_grad_norm,
+    )
+    init_state = phase_step.init_state
 
     checkpoints = checkpointing.PhaseCheckpoints(
         ctx.workdir,
@@ -274,30 +333,6 @@ def run_phase(
     # Drop what a killed run logged after its last checkpoint, so the record is written once.
     ctx.report.keep_records(lambda r: r["global_step"] <= global_offset + start_step)
 
-    def train_step(state, batch, dropout_key):  # named so for compile logs (benchmarks/compile_count)
-        return steps.train_step(
-            state,
-            batch,
-            graphdef=ctx.graphdef,
-            tx=tx,
-            trainable=trainable,
-            kind=ctx.task.kind,
-            dropout_key=dropout_key,
-            backbone_deterministic=not phase.backbone_dropout,
-        )
-
-    # The dropout key is an argument, not a constant baked into the program: runs that differ only in
-    # their seed compile the same program (one persistent-cache entry serves them all).
-    jitted_train_step = jax.jit(
-        train_step,
-        in_shardings=(replicated, sharding.data_sharded(mesh), replicated),
-        out_shardings=(replicated, replicated),
-        donate_argnums=0,
-    )
-    dropout_key = jax.device_put(jax.random.fold_in(jax.random.key(config.seed), index), replicated)
-
-    def step_with_key(state, batch):
-        return jitted_train_step(state, batch, dropout_key)
     state = steps.TrainState(**state)
     log.info(
         "%s: %d steps, trainable groups %s, optimizer state %.1f MB",
@@ -345,7 +380,7 @@ def run_phase(
         local = batching.process_slice(next(batches), jax.process_index(), jax.process_count())
         if features:
             local = features["train"].attach(local)
-        state, step_metrics = step_with_key(state, sharding.put_batch(local, mesh))
+        state, step_metrics = phase_step.train_step(state, sharding.put_batch(local, mesh))
         step += 1
         window.append(step_metrics)
         progress.update(1)
