@@ -8,13 +8,22 @@ Nothing in stackft_jax/ is edited: each variant patches a method at trace time o
 jitted and warmed up under the patch, and the patch is undone; compiled steps keep what they traced.
 All variants' steps then run in this one process, round-robin, so machine load affects them alike.
 
-Variants (combined with "+") put back what stackft_jax used before the changes measured in
-benchmarks/RESULTS.md, so "time over baseline" > 1 is what each change saves:
+Variants (combined with "+"). The first three put back what stackft_jax used before the changes measured
+in benchmarks/RESULTS.md, so "time over baseline" > 1 is what each change saves:
   baseline           stackft_jax as it is (packed-bits dropout, attention context in [b, h, k, d]).
   bernoulli_dropout  dropout masks from `jax.random.bernoulli`, one 32-bit draw per element, as
                      `nnx.Dropout` does, instead of models/dropout.py's one byte per element.
   attn_bqhd          the attention context as `einsum("bhqk,bkhd->bqhd", probs, v)`: the same math,
                      with the output layout XLA:CPU's dot emitter handles badly.
+  autodiff_dense     every dense layer's gradient derived by autodiff (`nnx.Linear.__call__`) instead
+                     of models/dense.py's written-out `matmul` backward.
+The others are proposals that were measured and not adopted (< 1 would be a saving):
+  mask_bitcast       dropout bytes by `lax.bitcast_convert_type(words, uint8)` instead of shifts + stack.
+  bias_grad_dot      every dense layer's bias gradient as a matrix-vector product (ones @ dy) through a
+                     custom VJP, instead of XLA's reduction (14 ms vs 1.3 ms alone for [4096, 1536]).
+  ln_vjp             LayerNorm (float32) with its backward written out (a custom VJP) instead of autodiff's.
+  attn_bhld          Q, K, V transposed to [b, h, l, d] once, both attention einsums in that layout.
+  qkv_fused          one [H, 3H] matmul for Q, K and V (kernels concatenated per call).
 """
 
 import argparse
@@ -24,10 +33,11 @@ import time
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from benchmarks import cases
 from benchmarks.machine import load_average, machine_info, write_json
-from stackft_jax.models import bert, dropout
+from stackft_jax.models import bert, dense, dropout
 
 
 def _attention_bqhd(self, x, mask_bias, *, deterministic, rngs):
@@ -52,9 +62,119 @@ def _bernoulli_dropout(self, inputs, *, deterministic, rngs=None):
     return jax.lax.select(keep, inputs / (1.0 - self.rate), jnp.zeros_like(inputs))
 
 
+def _keep_mask_bitcast(key, shape, rate):
+    *lead, last = shape
+    words = jax.random.bits(key, (*lead, -(-last // 4)), jnp.uint32)
+    random_bytes = jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(*lead, -1)[..., :last]
+    return random_bytes >= round(rate * 256)
+
+
+def _mask_bitcast_dropout(self, inputs, *, deterministic, rngs=None):
+    if deterministic or round(self.rate * 256) == 0:
+        return inputs
+    keep = _keep_mask_bitcast(rngs[self.rng_collection](), inputs.shape, self.rate)
+    scale = jnp.asarray(1.0 / (1.0 - dropout.quantized_rate(self.rate)), inputs.dtype)
+    return jnp.where(keep, inputs * scale, jnp.zeros_like(inputs))
+
+
+@jax.custom_vjp
+def _add_bias(y, bias):
+    return y + bias
+
+
+def _add_bias_fwd(y, bias):
+    return y + bias, None
+
+
+def _add_bias_bwd(_, dy):
+    flat = dy.reshape(-1, dy.shape[-1])
+    ones = jnp.ones((flat.shape[0],), dy.dtype)
+    return dy, jnp.dot(ones, flat, preferred_element_type=jnp.float32).astype(dy.dtype)
+
+
+_add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
+
+
+def _linear_bias_grad_dot(self, inputs, out_sharding=None):
+    kernel = self.kernel[...]
+    bias = self.bias[...] if self.bias is not None else None
+    inputs, kernel, bias = self.promote_dtype((inputs, kernel, bias), dtype=self.dtype)
+    y = jax.lax.dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())))
+    return y if bias is None else _add_bias(y, bias)
+
+
+def _layer_norm_stats(x, eps):
+    centred = x - x.mean(-1, keepdims=True)
+    inverse_std = jax.lax.rsqrt(jnp.mean(centred * centred, -1, keepdims=True) + eps)
+    return centred * inverse_std, inverse_std
+
+
+@jax.custom_vjp
+def _layer_norm(x, scale, bias, eps):
+    return _layer_norm_stats(x, eps)[0] * scale + bias
+
+
+def _layer_norm_fwd(x, scale, bias, eps):
+    normalized, inverse_std = _layer_norm_stats(x, eps)
+    return normalized * scale + bias, (normalized, inverse_std, scale)
+
+
+def _layer_norm_bwd(residuals, dy):
+    normalized, inverse_std, scale = residuals
+    g = dy * scale
+    dx = inverse_std * (
+        g - g.mean(-1, keepdims=True) - normalized * (g * normalized).mean(-1, keepdims=True)
+    )
+    leading = tuple(range(dy.ndim - 1))
+    return dx, (dy * normalized).sum(leading), dy.sum(leading), None
+
+
+_layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+
+def _layer_norm_call(self, x, *, mask=None):
+    return _layer_norm(x, self.scale[...], self.bias[...], self.epsilon)
+
+
+def _attention_tail(self, q, k, v, mask_bias, deterministic, rngs):
+    """Scores to context from [b, h, l, d] inputs; returns [b, l, hidden] before the output dense."""
+    batch, _, length, _ = q.shape
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
+    probs = jax.nn.softmax(scores * (self.head_dim**-0.5) + mask_bias, axis=-1)
+    probs = self.dropout(probs, deterministic=deterministic, rngs=rngs).astype(self.dtype)
+    context = jnp.einsum("bhqk,bhkd->bhqd", probs, v)
+    return context.transpose(0, 2, 1, 3).reshape(batch, length, -1)
+
+
+def _attention_bhld(self, x, mask_bias, *, deterministic, rngs):
+    batch, length, _ = x.shape
+
+    def heads(t):
+        return t.reshape(batch, length, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
+
+    q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
+    return self.output(_attention_tail(self, q, k, v, mask_bias, deterministic, rngs))
+
+
+def _attention_qkv_fused(self, x, mask_bias, *, deterministic, rngs):
+    batch, length, _ = x.shape
+    projections = (self.query, self.key, self.value)
+    kernel = jnp.concatenate([p.kernel[...] for p in projections], axis=1)
+    bias = jnp.concatenate([p.bias[...] for p in projections])
+    qkv = (x @ kernel + bias).reshape(batch, length, 3, self.num_heads, self.head_dim)
+    q, k, v = qkv.transpose(2, 0, 3, 1, 4)
+    return self.output(_attention_tail(self, q, k, v, mask_bias, deterministic, rngs))
+
+
 PATCHES = {
     "attn_bqhd": (bert.BertSelfAttention, "__call__", _attention_bqhd),
     "bernoulli_dropout": (dropout.Dropout, "__call__", _bernoulli_dropout),
+    "mask_bitcast": (dropout.Dropout, "__call__", _mask_bitcast_dropout),
+    "autodiff_dense": (dense.Dense, "__call__", nnx.Linear.__call__),
+    "bias_grad_dot": (dense.Dense, "__call__", _linear_bias_grad_dot),
+    "ln_vjp": (nnx.LayerNorm, "__call__", _layer_norm_call),
+    "attn_bhld": (bert.BertSelfAttention, "__call__", _attention_bhld),
+    "qkv_fused": (bert.BertSelfAttention, "__call__", _attention_qkv_fused),
 }
 
 
@@ -80,7 +200,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--models", default="minilm", help=f"comma list of {cases.MODELS}")
     parser.add_argument("--cases", default=",".join(cases.CASES))
     parser.add_argument(
-        "--variants", default="baseline,bernoulli_dropout,attn_bqhd,attn_bqhd+bernoulli_dropout"
+        "--variants",
+        default="baseline,bernoulli_dropout,attn_bqhd,autodiff_dense,attn_bqhd+bernoulli_dropout+autodiff_dense",
     )
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--seq-len", type=int)

@@ -19,3 +19,40 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", "/tmp/stackft_jax_test_jax_cache")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _run_cli(
+    workdir: Path,
+    *args: str,
+    config: str = "configs/tiny.py",
+    kill_at: str | None = None,
+    wait: bool = True,
+) -> subprocess.CompletedProcess | subprocess.Popen:
+    """`python -m stackft_jax.main --config=CONFIG --workdir=WORKDIR ARGS` from the repository root;
+    `kill_at` ("phase1:3") makes train.py SIGKILL itself there; `wait=False` returns the Popen."""
+    from stackft_jax import train
+
+    env = dict(os.environ)
+    env.pop(train.KILL_AT_ENV, None)
+    if kill_at:
+        env[train.KILL_AT_ENV] = kill_at
+    cmd = [sys.executable, "-m", "stackft_jax.main", f"--config={config}", f"--workdir={workdir}", *args]
+    if not wait:
+        return subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="session")
+def run_cli():
+    """The command line as a subprocess: see `_run_cli`."""
+    return _run_cli

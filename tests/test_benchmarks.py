@@ -8,15 +8,24 @@ first epoch.
 import json
 from pathlib import Path
 
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
 from benchmarks import (
+    cases,
     compile_count,
     feature_cache,
+    flops,
+    gemm,
     input_pipeline,
     memory,
     model_variants,
     profile_step,
     train_speed,
 )
+from stackft_jax import sharding, steps
 from stackft_jax.models import bert, dropout
 
 FIXTURE_TRAIN = Path(__file__).resolve().parent / "fixtures" / "qqp" / "train.tsv"
@@ -121,13 +130,22 @@ def test_feature_cache(tmp_path):
 
 def test_profile_step(tmp_path):
     out = tmp_path / "profile_step.json"
-    profile_step.main(["--quick", "--model=tiny", "--case=eval", f"--out={out}"])
-    (result,) = _read(out)["results"]
-    assert result["case"] == "eval" and result["op_time_sum_ms_per_step"] > 0
-    assert result["ops"] and {"hlo_op", "kind", "ms_per_step", "op_name", "source"} <= set(result["ops"][0])
-    # The attention matmuls are traced back to the model's source.
-    assert any(source.startswith("bert.py:") for source in result["by_source_ms"])
-    assert "matmul" in result["by_category_ms"]
+    profile_step.main(["--quick", "--model=tiny", "--case=eval,full", f"--out={out}"])
+    eval_result, full_result = _read(out)["results"]
+    assert (eval_result["case"], full_result["case"]) == ("eval", "full")
+    for result in (eval_result, full_result):
+        assert result["op_time_sum_ms_per_step"] > 0
+        assert result["ops"] and {"hlo_op", "kind", "ms_per_step", "op_name", "source"} <= set(
+            result["ops"][0]
+        )
+        # The attention matmuls are traced back to the model's source.
+        assert any(source.startswith("bert.py:") for source in result["by_source_ms"])
+        assert "matmul" in result["by_category_ms"]
+    # The train step (the production one, via train.build_phase_step) runs dropout and the optimizer;
+    # the eval step has no dropout.
+    assert any(source.startswith("dropout.py:") for source in full_result["by_source_ms"])
+    assert not any(source.startswith("dropout.py:") for source in eval_result["by_source_ms"])
+    assert full_result["hlo_module"] != eval_result["hlo_module"]
 
 
 def test_model_variants(tmp_path):
@@ -143,3 +161,91 @@ def test_model_variants(tmp_path):
     # The patches are undone: the model code is back to stackft_jax's own.
     assert bert.BertSelfAttention.__call__ is not model_variants._attention_bqhd
     assert dropout.Dropout.__call__ is not model_variants._bernoulli_dropout
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "attn_bqhd",
+        "autodiff_dense",
+        "bias_grad_dot",
+        "ln_vjp",
+        "attn_bhld",
+        "qkv_fused",
+        "mask_bitcast+bias_grad_dot",
+    ],
+)
+def test_model_variants_compute_the_same_function(variant):
+    # A variant is a different program for the same math: with dropout off, the loss and every
+    # gradient match the model's own (dropout variants only change the random stream).
+    m = cases.build_jax(cases.experiment_config("tiny", 16))
+    batch = sharding.put_batch(cases.synthetic_batch(8, 16, m.bert_config.vocab_size), m.mesh)
+
+    def loss(params):
+        logits = nnx.merge(m.graphdef, params)(batch, deterministic=True)
+        loss_sum, stats = steps.task_loss(logits, batch, m.task.kind)
+        return loss_sum / stats["count"]
+
+    expected = jax.value_and_grad(loss)(m.params)
+    with model_variants.patched(variant):
+        got = jax.value_and_grad(loss)(m.params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), got, expected)
+
+
+def test_gemm_products_count_the_model_flops():
+    # The products a step runs add up to benchmarks/flops.py's model FLOPs of that step.
+    dims = gemm.model_dims("bert_base")
+    rows = gemm.products(dims, batch=8, seq_len=64)
+    shape = {
+        "num_layers": dims["num_hidden_layers"],
+        "hidden": dims["hidden_size"],
+        "intermediate": dims["intermediate_size"],
+        "batch": 8,
+        "seq_len": 64,
+    }
+    for case in ("full", "phase1", "eval"):
+        total = sum(row["per_step"][case] * gemm.flops(row) for row in rows)
+        assert total == flops.step_flops(case, **shape)
+
+
+def test_gemm(tmp_path):
+    out, speed = tmp_path / "gemm.json", tmp_path / "train_speed.json"
+    # A train_speed result of the same shapes, reduced to what gemm reads.
+    torch_step_s = {"full": 0.3, "phase1": 0.2, "eval": 0.1}
+    speed.write_text(
+        json.dumps(
+            {
+                "results": {
+                    "tiny": {
+                        "cases": {
+                            c: {"jax": {"median_s": 1.0}, "torch": {"median_s": t}}
+                            for c, t in torch_step_s.items()
+                        }
+                    }
+                }
+            }
+        )
+    )
+    gemm.main(
+        ["--quick", "--models=tiny", "--xla-flag-sets=onednn", f"--train-speed-json={speed}", f"--out={out}"]
+    )
+    record = _read(out)["results"]["tiny"]
+    rows = record["products"]
+    assert all(row["jax_s"] > 0 and row["torch_s"] > 0 for row in rows)
+    for fw in ("jax", "torch"):
+        for case in ("full", "phase1", "eval"):
+            expected = sum(row["per_step"][case] * row[f"{fw}_s"] for row in rows)
+            assert abs(record[f"{fw}_floor_s"][case] - expected) <= 1e-12
+    # Frozen backbone and eval: forward products only; the full step adds both gradients.
+    assert record["jax_floor_s"]["phase1"] == record["jax_floor_s"]["eval"] < record["jax_floor_s"]["full"]
+    for case, torch_s in torch_step_s.items():
+        assert record["reachable_jax_over_torch"][case] == torch_s / record["jax_floor_s"][case]
+    onednn = record["xla_flag_sets"]["onednn"]
+    assert "--xla_cpu_experimental_onednn_custom_call=true" in onednn["xla_flags"]
+    assert set(onednn["jax_s"]) == {row["name"] for row in rows}
+
+
+def test_gemm_bfloat16_products_run_in_both_frameworks():
+    rows = gemm.products(gemm.model_dims("tiny"), batch=2, seq_len=8)
+    gemm.time_products(rows, ["jax", "torch"], warmup=1, repeats=1, dtype="bfloat16")
+    assert all(row["jax_s"] > 0 and row["torch_s"] > 0 for row in rows)

@@ -2,11 +2,8 @@
 the config error, and resume after a kill inside a cached phase."""
 
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -21,7 +18,6 @@ from stackft_jax.data import batching, tasks, tokenization
 from stackft_jax.models import bert
 from stackft_jax.report import RunReport
 
-REPO = Path(__file__).resolve().parent.parent
 # Finer than the tiny config's single bucket (32): the cache is then built at other padded lengths than
 # the training batches use, as it is on real data.
 BUCKETS = (16, 24, 32)
@@ -177,34 +173,22 @@ def test_training_from_the_cache_matches_recomputing_the_backbone(arg, tmp_path,
     )
 
 
-def _cli(workdir: Path, kill_at: str | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.pop(train.KILL_AT_ENV, None)
-    if kill_at:
-        env[train.KILL_AT_ENV] = kill_at
-    cmd = [
-        sys.executable,
-        "-m",
-        "stackft_jax.main",
-        "--config=configs/tiny.py:phase1.backbone_dropout=false,phase1.feature_cache=true",
-        f"--workdir={workdir}",
-    ]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+CACHED_TINY = "configs/tiny.py:phase1.backbone_dropout=false,phase1.feature_cache=true"
 
 
-def test_resume_inside_a_cached_phase_equals_an_uninterrupted_run(tmp_path):
+def test_resume_inside_a_cached_phase_equals_an_uninterrupted_run(tmp_path, run_cli):
     uninterrupted, resumed = tmp_path / "uninterrupted", tmp_path / "resumed"
-    proc = _cli(uninterrupted)
+    proc = run_cli(uninterrupted, config=CACHED_TINY)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # Killed twice in phase 1: first resumed with the cache deleted (rebuilt), then with it in place
     # (reopened); then phase 2, which trains the backbone, runs as usual.
-    proc = _cli(resumed, kill_at="phase1:3")
+    proc = run_cli(resumed, config=CACHED_TINY, kill_at="phase1:3")
     assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
     assert (resumed / "feature_cache" / "phase1" / "train" / "meta.json").is_file()
     shutil.rmtree(resumed / "feature_cache")
-    proc = _cli(resumed, kill_at="phase1:5")
+    proc = run_cli(resumed, config=CACHED_TINY, kill_at="phase1:5")
     assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
-    proc = _cli(resumed)
+    proc = run_cli(resumed, config=CACHED_TINY)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
     ra, rb = (json.loads((w / "results.json").read_text()) for w in (uninterrupted, resumed))

@@ -3,8 +3,6 @@
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,28 +13,6 @@ import pytest
 
 from configs import tiny
 from stackft_jax import checkpointing, sharding, train
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _cli(workdir: Path, *args: str, kill_at: str | None = None, wait: bool = True):
-    env = dict(os.environ)
-    env.pop(train.KILL_AT_ENV, None)
-    if kill_at:
-        env[train.KILL_AT_ENV] = kill_at
-    cmd = [
-        sys.executable,
-        "-m",
-        "stackft_jax.main",
-        "--config=configs/tiny.py",
-        f"--workdir={workdir}",
-        *args,
-    ]
-    if not wait:
-        return subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
 def _final_params(workdir: Path):
@@ -49,9 +25,9 @@ def _eval_records(workdir: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> Path:
+def uninterrupted(tmp_path_factory, run_cli) -> Path:
     workdir = tmp_path_factory.mktemp("uninterrupted")
-    proc = _cli(workdir)
+    proc = run_cli(workdir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return workdir
 
@@ -92,18 +68,18 @@ def test_outputs(uninterrupted):
     assert p1["optimizer_state_bytes"] < p2["optimizer_state_bytes"] / 100
 
 
-def test_sigkill_inside_phase1_at_the_boundary_and_inside_phase2(uninterrupted, tmp_path):
+def test_sigkill_inside_phase1_at_the_boundary_and_inside_phase2(uninterrupted, tmp_path, run_cli):
     for kill_at in ("phase1:3", "phase1:6", "phase2:5"):
-        proc = _cli(tmp_path, kill_at=kill_at)
+        proc = run_cli(tmp_path, kill_at=kill_at)
         assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
     assert (tmp_path / "checkpoints" / "phase1_end").is_dir()
-    proc = _cli(tmp_path)
+    proc = run_cli(tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _assert_same_run(uninterrupted, tmp_path)
 
 
-def test_sigterm_saves_and_resumes(uninterrupted, tmp_path):
-    proc = _cli(tmp_path, wait=False)
+def test_sigterm_saves_and_resumes(uninterrupted, tmp_path, run_cli):
+    proc = run_cli(tmp_path, wait=False)
     deadline = time.time() + 300
     while not list((tmp_path / "checkpoints" / "phase1").glob("[0-9]*")):
         assert proc.poll() is None and time.time() < deadline, "run ended before a checkpoint"
@@ -111,7 +87,7 @@ def test_sigterm_saves_and_resumes(uninterrupted, tmp_path):
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode != 0 and "rerun the same command" in out, out
-    proc = _cli(tmp_path)
+    proc = run_cli(tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _assert_same_run(uninterrupted, tmp_path)
 
@@ -135,8 +111,8 @@ def test_sigterm_flag_reaches_every_phase():
         signal.signal(signal.SIGTERM, previous)
 
 
-def test_mistyped_config_key_is_an_error(tmp_path):
-    proc = _cli(tmp_path, "--config.phase1.lerning_rate=0.1")
+def test_mistyped_config_key_is_an_error(tmp_path, run_cli):
+    proc = run_cli(tmp_path, "--config.phase1.lerning_rate=0.1")
     assert proc.returncode != 0
     assert "lerning_rate" in proc.stderr
 

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from stackft_jax.models.dense import Dense
 from stackft_jax.models.dropout import Dropout
 
 logger = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ class BertSelfAttention(nnx.Module):
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.dtype = dtype
 
-        def linear() -> nnx.Linear:
+        def linear() -> Dense:
             return _linear(config.hidden_size, config.hidden_size, config, dtype, param_dtype, rngs)
 
         self.query = linear()
@@ -296,8 +297,8 @@ class BertModel(nnx.Module):
 
 def _linear(
     n_in: int, n_out: int, config: BertConfig, dtype: Any, param_dtype: Any, rngs: nnx.Rngs
-) -> nnx.Linear:
-    return nnx.Linear(
+) -> Dense:
+    return Dense(
         n_in,
         n_out,
         dtype=dtype,

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from stackft_jax.models.dense import Dense
 from stackft_jax.models.dropout import Dropout
 from stackft_jax.models.features import Features
 from stackft_jax.models.heads.pair_ops import (
@@ -250,10 +251,10 @@ class BiMpmHead(nnx.Module):
             self.matching.output_dim, config.aggregation_lstm_units, dtype=dtype, rngs=rngs
         )
         self.dropout = Dropout(dropout_rate)
-        self.hidden = nnx.Linear(
+        self.hidden = Dense(
             4 * config.aggregation_lstm_units, config.mlp_hidden_dim, dtype=dtype, rngs=rngs
         )
-        self.output = nnx.Linear(config.mlp_hidden_dim, num_outputs, dtype=dtype, rngs=rngs)
+        self.output = Dense(config.mlp_hidden_dim, num_outputs, dtype=dtype, rngs=rngs)
 
     def __call__(self, features: Features, *, deterministic: bool, rngs: nnx.Rngs | None = None) -> jax.Array:
         p, q = split_pair(features, self.dtype)

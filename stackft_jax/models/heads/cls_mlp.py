@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from stackft_jax.models.dense import Dense
 from stackft_jax.models.dropout import Dropout
 from stackft_jax.models.features import Features
 
@@ -27,8 +28,8 @@ class ClsMlpHead(nnx.Module):
         rngs: nnx.Rngs,
     ):
         self.dropout = Dropout(dropout_rate)
-        self.hidden = nnx.Linear(hidden_size, config.hidden_dim, dtype=dtype, rngs=rngs)
-        self.output = nnx.Linear(config.hidden_dim, num_outputs, dtype=dtype, rngs=rngs)
+        self.hidden = Dense(hidden_size, config.hidden_dim, dtype=dtype, rngs=rngs)
+        self.output = Dense(config.hidden_dim, num_outputs, dtype=dtype, rngs=rngs)
 
     def __call__(
         self, features: Features, *, deterministic: bool, rngs: nnx.Rngs | None = None

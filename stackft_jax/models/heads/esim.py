@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from stackft_jax.models.dense import Dense
 from stackft_jax.models.dropout import Dropout
 from stackft_jax.models.features import Features
 from stackft_jax.models.heads.pair_ops import (
@@ -52,11 +53,11 @@ class EsimHead(nnx.Module):
         self.dtype = dtype
         self.dropout = Dropout(dropout_rate)
         self.encoder = MaskedBiLstm(hidden_size, units, dtype=dtype, rngs=rngs)
-        self.projection = nnx.Linear(4 * 2 * units, units, dtype=dtype, rngs=rngs)
+        self.projection = Dense(4 * 2 * units, units, dtype=dtype, rngs=rngs)
         self.composition = MaskedBiLstm(units, units, dtype=dtype, rngs=rngs)
         # Pooled vector: [avg; max] of the 2*units composition outputs, for both sentences.
-        self.hidden = nnx.Linear(4 * 2 * units, config.mlp_hidden_dim, dtype=dtype, rngs=rngs)
-        self.output = nnx.Linear(config.mlp_hidden_dim, num_outputs, dtype=dtype, rngs=rngs)
+        self.hidden = Dense(4 * 2 * units, config.mlp_hidden_dim, dtype=dtype, rngs=rngs)
+        self.output = Dense(config.mlp_hidden_dim, num_outputs, dtype=dtype, rngs=rngs)
 
     def __call__(
         self, features: Features, *, deterministic: bool, rngs: nnx.Rngs | None = None

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from stackft_jax.models.dense import Dense
 from stackft_jax.models.dropout import Dropout
 from stackft_jax.models.features import Features
 from stackft_jax.models.heads.bimpm import BiMpmMatching
@@ -75,8 +76,8 @@ class EncoderLayer(nnx.Module):
             rngs=rngs,
         )
         self.ff_norm = nnx.LayerNorm(dim, dtype=dtype, rngs=rngs)
-        self.ff_in = nnx.Linear(dim, ff_dim, dtype=dtype, rngs=rngs)
-        self.ff_out = nnx.Linear(ff_dim, dim, dtype=dtype, rngs=rngs)
+        self.ff_in = Dense(dim, ff_dim, dtype=dtype, rngs=rngs)
+        self.ff_out = Dense(ff_dim, dim, dtype=dtype, rngs=rngs)
         self.dropout = Dropout(dropout_rate)
 
     def __call__(
@@ -109,7 +110,7 @@ class SimTransformerHead(nnx.Module):
             config, hidden_size=hidden_size, dropout_rate=dropout_rate, dtype=dtype, rngs=rngs
         )
         dim = config.model_dim
-        self.input_projection = nnx.Linear(self.matching.output_dim, dim, dtype=dtype, rngs=rngs)
+        self.input_projection = Dense(self.matching.output_dim, dim, dtype=dtype, rngs=rngs)
         self.layers = nnx.List(
             [
                 EncoderLayer(dim, config.num_heads, config.ff_dim, dropout_rate, dtype, rngs)
@@ -118,8 +119,8 @@ class SimTransformerHead(nnx.Module):
         )
         self.final_norm = nnx.LayerNorm(dim, dtype=dtype, rngs=rngs)
         self.dropout = Dropout(dropout_rate)
-        self.hidden = nnx.Linear(4 * dim, config.mlp_hidden_dim, dtype=dtype, rngs=rngs)
-        self.output = nnx.Linear(config.mlp_hidden_dim, num_outputs, dtype=dtype, rngs=rngs)
+        self.hidden = Dense(4 * dim, config.mlp_hidden_dim, dtype=dtype, rngs=rngs)
+        self.output = Dense(config.mlp_hidden_dim, num_outputs, dtype=dtype, rngs=rngs)
 
     def __call__(
         self, features: Features, *, deterministic: bool, rngs: nnx.Rngs | None = None
