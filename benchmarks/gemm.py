@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import cases
-from benchmarks.machine import load_average, machine_info, write_json
+from benchmarks.machine import finish, machine_info
 from stackft_jax.models import bert
 
 # name -> (environment changes of the subprocess, extra XLA flags)
@@ -248,18 +248,7 @@ def main(argv: list[str] | None = None) -> dict:
             }
         results[model] = record
         lines += _tables(model, record, frameworks)
-    text = "\n".join(lines)
-    print(text)
-    machine["load_average_1_5_15_end"] = load_average()
-    payload = {
-        "benchmark": "gemm",
-        "machine": machine,
-        "args": vars(args),
-        "results": results,
-        "table_markdown": text,
-    }
-    write_json(args.out, payload)
-    return payload
+    return finish("gemm", args, machine, results, "\n".join(lines))
 
 
 def _markdown_row(cells: list[str]) -> str:

@@ -4,6 +4,7 @@ import json
 import os
 import platform
 from pathlib import Path
+from typing import Any
 
 
 def cpu_model() -> str:
@@ -42,3 +43,21 @@ def write_json(path: str | Path, payload: dict) -> Path:
     path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
     print(f"wrote {path}")
     return path
+
+
+def finish(benchmark: str, args: Any, machine: dict, results: dict, table: str, **extra: Any) -> dict:
+    """Prints the table, records the load at the end and writes `args.out`: what the table-printing
+    benchmarks share. Returns the payload (keys: benchmark, machine, args, `extra`, results,
+    table_markdown)."""
+    print(table)
+    machine["load_average_1_5_15_end"] = load_average()
+    payload = {
+        "benchmark": benchmark,
+        "machine": machine,
+        "args": vars(args),
+        **extra,
+        "results": results,
+        "table_markdown": table,
+    }
+    write_json(args.out, payload)
+    return payload

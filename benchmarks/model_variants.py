@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from benchmarks import cases
-from benchmarks.machine import load_average, machine_info, write_json
+from benchmarks.machine import finish, machine_info
 from stackft_jax.models import bert, dense, dropout
 
 
@@ -262,18 +262,7 @@ def main(argv: list[str] | None = None) -> dict:
                 else "-"
             )
             lines.append(f"| {model_name} | {variant} | " + " | ".join(cells) + f" | {ratio} |")
-    text = "\n".join(lines)
-    print(text)
-    machine["load_average_1_5_15_end"] = load_average()
-    payload = {
-        "benchmark": "model_variants",
-        "machine": machine,
-        "args": vars(args),
-        "results": results,
-        "table_markdown": text,
-    }
-    write_json(args.out, payload)
-    return payload
+    return finish("model_variants", args, machine, results, "\n".join(lines))
 
 
 if __name__ == "__main__":

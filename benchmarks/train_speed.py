@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from benchmarks import cases, flops
-from benchmarks.machine import load_average, machine_info, write_json
+from benchmarks.machine import finish, load_average, machine_info
 
 TARGETS = {
     "full_speedup_vs_torch": 1.15,  # jax examples/s / torch examples/s, at least
@@ -331,26 +331,16 @@ def main(argv: list[str] | None = None) -> dict:
         results[model] = bench_model(model, args, frameworks)
         if report_accelerator:
             results[model]["accelerator"] = accelerator_report(model, args)
-    machine["load_average_1_5_15_end"] = load_average()
     text = table(results, frameworks)
     if report_accelerator:
         text += "\n\n" + accelerator_table(results)
-    print(text)
+    payload = finish("train_speed", args, machine, results, text, targets=TARGETS)
     for model, record in results.items():
         for key, target in record["targets"].items():
             print(
                 f"{model}: {key} = {target['value']:.3f} (target {target['target']}): "
                 f"{'met' if target['met'] else 'MISSED'}"
             )
-    payload = {
-        "benchmark": "train_speed",
-        "machine": machine,
-        "args": vars(args),
-        "targets": TARGETS,
-        "results": results,
-        "table_markdown": text,
-    }
-    write_json(args.out, payload)
     return payload
 
 
