@@ -1,6 +1,6 @@
 """Experiment: what model-code choices cost in the JAX steps, measured against stackft_jax as it is.
 
-  python -m benchmarks.model_variants                             # MiniLM, 32 x 128, all variants
+  python -m benchmarks.model_variants                             # MiniLM, 32 x 128, old code of each change
   STACKFT_JAX_NO_XLA_DEFAULTS=1 python -m benchmarks.model_variants   # without xla_flags.py's flags
   python -m benchmarks.model_variants --quick --models tiny       # the smoke test
 
