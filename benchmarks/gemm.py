@@ -47,6 +47,7 @@ import numpy as np
 
 from benchmarks import cases
 from benchmarks.machine import finish, machine_info
+from stackft_jax import train
 from stackft_jax.models import bert
 
 # name -> (environment changes of the subprocess, extra XLA flags)
@@ -59,18 +60,14 @@ XLA_FLAG_SETS: dict[str, tuple[dict[str, str], str]] = {
 
 def model_dims(model: str) -> dict[str, int]:
     """Hidden size, intermediate size, layers and heads of a `benchmarks.cases` model."""
-    if model in cases.RANDOM_MODELS:
-        dims = cases.RANDOM_MODELS[model]
-    else:
-        config = cases.experiment_config(model, seq_len=128)
-        b = bert.BertConfig.from_pretrained(bert.resolve_model_dir(config.model.name_or_path))
-        dims = {
-            "hidden_size": b.hidden_size,
-            "num_hidden_layers": b.num_hidden_layers,
-            "num_attention_heads": b.num_attention_heads,
-            "intermediate_size": b.intermediate_size,
-        }
-    return dict(dims)
+    config = cases.experiment_config(model, seq_len=128)
+    b = train.backbone_config(config, bert.resolve_model_dir(config.model.name_or_path))
+    return {
+        "hidden_size": b.hidden_size,
+        "num_hidden_layers": b.num_hidden_layers,
+        "num_attention_heads": b.num_attention_heads,
+        "intermediate_size": b.intermediate_size,
+    }
 
 
 def products(dims: dict[str, int], batch: int, seq_len: int) -> list[dict[str, Any]]:

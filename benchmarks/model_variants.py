@@ -4,8 +4,9 @@
   STACKFT_JAX_NO_XLA_DEFAULTS=1 python -m benchmarks.model_variants   # without xla_flags.py's flags
   python -m benchmarks.model_variants --quick --models tiny       # the smoke test
 
-Nothing in stackft_jax/ is edited: each variant patches a method at trace time only, the step is
-jitted and warmed up under the patch, and the patch is undone; compiled steps keep what they traced.
+Nothing in stackft_jax/ is edited: each variant patches a method or module function at trace time
+only, the step is jitted and warmed up under the patch, and the patch is undone; compiled steps keep
+what they traced.
 All variants' steps then run in this one process, round-robin, so machine load affects them alike.
 
 Variants (combined with "+"). The first three put back what stackft_jax used before the changes measured
@@ -67,14 +68,6 @@ def _keep_mask_bitcast(key, shape, rate):
     words = jax.random.bits(key, (*lead, -(-last // 4)), jnp.uint32)
     random_bytes = jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(*lead, -1)[..., :last]
     return random_bytes >= round(rate * 256)
-
-
-def _mask_bitcast_dropout(self, inputs, *, deterministic, rngs=None):
-    if deterministic or round(self.rate * 256) == 0:
-        return inputs
-    keep = _keep_mask_bitcast(rngs[self.rng_collection](), inputs.shape, self.rate)
-    scale = jnp.asarray(1.0 / (1.0 - dropout.quantized_rate(self.rate)), inputs.dtype)
-    return jnp.where(keep, inputs * scale, jnp.zeros_like(inputs))
 
 
 @jax.custom_vjp
@@ -169,7 +162,7 @@ def _attention_qkv_fused(self, x, mask_bias, *, deterministic, rngs):
 PATCHES = {
     "attn_bqhd": (bert.BertSelfAttention, "__call__", _attention_bqhd),
     "bernoulli_dropout": (dropout.Dropout, "__call__", _bernoulli_dropout),
-    "mask_bitcast": (dropout.Dropout, "__call__", _mask_bitcast_dropout),
+    "mask_bitcast": (dropout, "keep_mask", _keep_mask_bitcast),
     "autodiff_dense": (dense.Dense, "__call__", nnx.Linear.__call__),
     "bias_grad_dot": (dense.Dense, "__call__", _linear_bias_grad_dot),
     "ln_vjp": (nnx.LayerNorm, "__call__", _layer_norm_call),

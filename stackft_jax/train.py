@@ -118,15 +118,19 @@ def load_datasets(config, task, tokenizer) -> dict[str, tokenization.TokenizedDa
     return datasets
 
 
-def build_model(config, task, model_dir: Path) -> tuple[TaskModel, bert.BertConfig]:
-    bert_config = bert.BertConfig.from_pretrained(model_dir)
+_DROPOUT_KEYS = {"hidden_dropout_prob", "attention_probs_dropout_prob"}
+
+
+def backbone_config(config, model_dir: Path) -> bert.BertConfig:
+    """The checkpoint's BERT config with `config.model.config_overrides` and `dropout_rate` applied."""
     overrides = {k: v for k, v in config.model.config_overrides.items() if v}
     if config.model.dropout_rate is not None:
-        overrides.update(
-            hidden_dropout_prob=config.model.dropout_rate,
-            attention_probs_dropout_prob=config.model.dropout_rate,
-        )
-    bert_config = dataclasses.replace(bert_config, **overrides)
+        overrides.update(dict.fromkeys(_DROPOUT_KEYS, config.model.dropout_rate))
+    return dataclasses.replace(bert.BertConfig.from_pretrained(model_dir), **overrides)
+
+
+def build_model(config, task, model_dir: Path) -> tuple[TaskModel, bert.BertConfig]:
+    bert_config = backbone_config(config, model_dir)
     model = TaskModel(
         bert_config,
         config.head,
@@ -136,7 +140,7 @@ def build_model(config, task, model_dir: Path) -> tuple[TaskModel, bert.BertConf
         rngs=nnx.Rngs(params=config.seed),
     )
     if config.model.init == "pretrained":
-        if overrides.keys() - {"hidden_dropout_prob", "attention_probs_dropout_prob"}:
+        if {k for k, v in config.model.config_overrides.items() if v} - _DROPOUT_KEYS:
             raise ValueError(
                 "config.model.config_overrides change the architecture: they need "
                 "config.model.init='random'"

@@ -163,6 +163,12 @@ def test_model_variants(tmp_path):
     assert dropout.Dropout.__call__ is not model_variants._bernoulli_dropout
 
 
+@pytest.fixture(scope="module")
+def tiny_model_and_batch():
+    m = cases.build_jax(cases.experiment_config("tiny", 16))
+    return m, sharding.put_batch(cases.synthetic_batch(8, 16, m.bert_config.vocab_size), m.mesh)
+
+
 @pytest.mark.parametrize(
     "variant",
     [
@@ -175,11 +181,10 @@ def test_model_variants(tmp_path):
         "mask_bitcast+bias_grad_dot",
     ],
 )
-def test_model_variants_compute_the_same_function(variant):
+def test_model_variants_compute_the_same_function(variant, tiny_model_and_batch):
     # A variant is a different program for the same math: with dropout off, the loss and every
     # gradient match the model's own (dropout variants only change the random stream).
-    m = cases.build_jax(cases.experiment_config("tiny", 16))
-    batch = sharding.put_batch(cases.synthetic_batch(8, 16, m.bert_config.vocab_size), m.mesh)
+    m, batch = tiny_model_and_batch
 
     def loss(params):
         logits = nnx.merge(m.graphdef, params)(batch, deterministic=True)

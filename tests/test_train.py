@@ -11,8 +11,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from configs import tiny
+from configs import quora, tiny
 from stackft_jax import checkpointing, sharding, train
+from stackft_jax.data import tasks
+from stackft_jax.models import bert
 
 
 def _final_params(workdir: Path):
@@ -158,3 +160,19 @@ def test_gap_rule_stops_phase1_early(tmp_path):
 
 def test_devices(tmp_path):
     assert sharding.make_mesh().size == jax.device_count() == 8
+
+
+def test_architecture_overrides_need_random_init():
+    config = quora.get_config("demo")
+    model_dir = bert.resolve_model_dir(config.model.name_or_path)
+    task = tasks.get_task(config.data.task)
+    config.model.config_overrides.num_hidden_layers = 1
+    with pytest.raises(ValueError, match="change the architecture"):
+        train.build_model(config, task, model_dir)
+    config.model.init = "random"
+    assert train.build_model(config, task, model_dir)[1].num_hidden_layers == 1
+    # Dropout is not architecture: pretrained weights load with the rate overridden.
+    config = quora.get_config("demo")
+    config.model.dropout_rate = 0.2
+    _, bert_config = train.build_model(config, task, model_dir)
+    assert bert_config.hidden_dropout_prob == bert_config.attention_probs_dropout_prob == 0.2
