@@ -13,12 +13,38 @@ from ml_collections import config_flags
 # Config files import `configs.common`; make the checkout they live in importable.
 sys.path.insert(0, os.getcwd())
 
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value else None
+
+
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
     "config", None, "Experiment config file[:preset,key=value,...].", lock_config=True
 )
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and results.")
-flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (multi-host TPU pods).")
+flags.DEFINE_bool(
+    "distributed",
+    False,
+    "Multi-host run: call jax.distributed.initialize(), which finds the cluster itself on TPU pods, "
+    "SLURM and Open MPI. Implied by --coordinator_address.",
+)
+flags.DEFINE_string(
+    "coordinator_address",
+    os.environ.get("JAX_COORDINATOR_ADDRESS"),
+    "host:port of process 0's coordinator, for clusters jax does not detect (env JAX_COORDINATOR_ADDRESS).",
+)
+flags.DEFINE_integer(
+    "num_processes", _env_int("JAX_NUM_PROCESSES"), "Processes in the run (env JAX_NUM_PROCESSES)."
+)
+flags.DEFINE_integer("process_id", _env_int("JAX_PROCESS_ID"), "This process's id (env JAX_PROCESS_ID).")
+flags.DEFINE_bool(
+    "allow_config_change",
+    False,
+    "Resume a workdir although its recorded config differs in keys that change results (the new "
+    "config is recorded, the old one kept in config_history.jsonl).",
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -30,22 +56,24 @@ def main(argv: list[str]) -> None:
     xla_flags.apply_cpu_defaults()  # before JAX starts a backend
     import jax
 
-    if FLAGS.distributed:
-        jax.distributed.initialize()
+    from stackft_jax import distributed
+
+    if FLAGS.distributed or FLAGS.coordinator_address:
+        distributed.initialize(
+            coordinator_address=FLAGS.coordinator_address,
+            num_processes=FLAGS.num_processes,
+            process_id=FLAGS.process_id,
+        )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("absl").setLevel(logging.WARNING)
 
     from stackft_jax import train
 
-    logging.info(
-        "JAX process %d/%d, devices: %s", jax.process_index(), jax.process_count(), jax.devices()
-    )
-    results = train.run(FLAGS.config, FLAGS.workdir)
+    logging.info("JAX process %d/%d, devices: %s", jax.process_index(), jax.process_count(), jax.devices())
+    results = train.run(FLAGS.config, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
     if jax.process_index() == 0:
         final = " ".join(
-            f"{split}.{k}={v:.4f}"
-            for split, vals in results["final"].items()
-            for k, v in vals.items()
+            f"{split}.{k}={v:.4f}" for split, vals in results["final"].items() for k, v in vals.items()
         )
         print(f"final: {final}  ({FLAGS.workdir}/results.json)")
 

@@ -39,17 +39,19 @@ class RunReport:
             return [json.loads(line) for line in f if line.strip()]
 
     def keep_records(self, keep) -> None:
-        """Rewrites metrics.jsonl with only the records for which `keep(record)` is true."""
+        """Rewrites metrics.jsonl with only the records for which `keep(record)` is true, in training
+        order (a phase run again after its boundary checkpoint was lost appends after later phases)."""
         if not self.enabled or not self.metrics_path.exists():
             return
-        kept = [r for r in self.records() if keep(r)]
+        kept = sorted((r for r in self.records() if keep(r)), key=lambda r: r["global_step"])
         tmp = self.metrics_path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
         os.replace(tmp, self.metrics_path)
 
-    def eval(
-        self, *, phase: str, step: int, global_step: int, split: str, metrics: dict[str, float]
-    ) -> None:
+    def sort_records(self) -> None:
+        self.keep_records(lambda record: True)
+
+    def eval(self, *, phase: str, step: int, global_step: int, split: str, metrics: dict[str, float]) -> None:
         if not self.enabled:
             return
         record = {

@@ -5,6 +5,7 @@ Every step takes a batch of tokens, or (train and eval steps) a batch that also 
 backbone features (feature_cache.py); the batch's keys pick the path when the step is traced.
 """
 
+import dataclasses
 from typing import Any
 
 import flax.struct
@@ -21,6 +22,22 @@ class TrainState:
     step: jax.Array
     params: Any
     opt_state: Any
+    # The step whose loss or gradients were first not finite, -1 while all were. From that step on the
+    # train step leaves params and optimizer state as they were, so NaN never reaches them.
+    first_nonfinite_step: jax.Array
+
+    @classmethod
+    def create(cls, params: Any, opt_state: Any) -> "TrainState":
+        return cls(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=opt_state,
+            first_nonfinite_step=jnp.full((), -1, jnp.int32),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The checkpointed form (orbax restores into plain dicts)."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
 
 
 def task_loss(logits: jax.Array, batch: Batch, kind: str) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -70,17 +87,33 @@ def train_step(
         return loss_sum / jnp.maximum(stats["count"], 1.0), stats
 
     (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    trainable_grads = jax.tree.map(lambda t, g: g if t else None, trainable, grads)
+    grad_norm = optax.tree.norm(trainable_grads)
+    # Checked here, every step, at the cost of one fused select per parameter; the host reads the
+    # flag only when it logs, evaluates or saves, so the check never stalls the step pipeline.
+    first_nonfinite_step = jnp.where(
+        (state.first_nonfinite_step < 0) & ~(jnp.isfinite(loss) & jnp.isfinite(grad_norm)),
+        state.step,
+        state.first_nonfinite_step,
+    )
+    healthy = first_nonfinite_step < 0
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     stepped = optax.apply_updates(state.params, updates)
-    params = jax.tree.map(lambda t, old, new: new if t else old, trainable, state.params, stepped)
-    trainable_grads = jax.tree.map(lambda t, g: g if t else None, trainable, grads)
-    metrics = {"loss": loss, "grad_norm": optax.tree.norm(trainable_grads), **stats}
-    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    params = jax.tree.map(
+        lambda t, old, new: jnp.where(healthy, new, old) if t else old, trainable, state.params, stepped
+    )
+    opt_state = jax.tree.map(lambda new, old: jnp.where(healthy, new, old), opt_state, state.opt_state)
+    metrics = {"loss": loss, "grad_norm": grad_norm, **stats}
+    new_state = TrainState(
+        step=state.step + 1,
+        params=params,
+        opt_state=opt_state,
+        first_nonfinite_step=first_nonfinite_step,
+    )
+    return new_state, metrics
 
 
-def eval_step(
-    params: Any, batch: Batch, *, graphdef: nnx.GraphDef, kind: str
-) -> dict[str, jax.Array]:
+def eval_step(params: Any, batch: Batch, *, graphdef: nnx.GraphDef, kind: str) -> dict[str, jax.Array]:
     """Per-example predictions (class id or regression value) and the summed loss."""
     model = nnx.merge(graphdef, params)
     logits = model(batch, deterministic=True)
@@ -96,9 +129,7 @@ def features_step(
     [batch, length, layers, hidden] (every layer with the embeddings first, or only the last) and
     `pooled` [batch, hidden], both in `dtype`."""
     backbone = nnx.merge(graphdef, params).backbone
-    out = backbone(
-        batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], deterministic=True
-    )
+    out = backbone(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], deterministic=True)
     layers = out.hidden_states if all_layers else out.hidden_states[-1:]
     return {
         "hidden_states": jnp.stack(layers, axis=2).astype(dtype),

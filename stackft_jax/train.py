@@ -21,7 +21,17 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from stackft_jax import checkpointing, feature_cache, metrics, optim, phases, sharding, steps
+from stackft_jax import (
+    checkpointing,
+    feature_cache,
+    metrics,
+    optim,
+    phases,
+    preemption,
+    sharding,
+    steps,
+    workdirs,
+)
 from stackft_jax.data import batching, tasks, tokenization
 from stackft_jax.models import bert
 from stackft_jax.models.task_model import TaskModel
@@ -29,14 +39,7 @@ from stackft_jax.report import RunReport
 
 log = logging.getLogger(__name__)
 
-# Test hook: "PHASE:STEP" makes the process SIGKILL itself right after that step, to prove that a run
-# killed at any moment resumes to the same result.
-KILL_AT_ENV = "STACKFT_JAX_KILL_AT"
 SPLITS = ("train", "dev", "test")
-
-
-class Preempted(SystemExit):
-    """Raised after SIGTERM once a checkpoint is safely written; rerunning the command resumes."""
 
 
 @dataclasses.dataclass
@@ -142,12 +145,9 @@ def build_model(config, task, model_dir: Path) -> tuple[TaskModel, bert.BertConf
     if config.model.init == "pretrained":
         if {k for k, v in config.model.config_overrides.items() if v} - _DROPOUT_KEYS:
             raise ValueError(
-                "config.model.config_overrides change the architecture: they need "
-                "config.model.init='random'"
+                "config.model.config_overrides change the architecture: they need config.model.init='random'"
             )
-        bert.load_pretrained_weights(
-            model.backbone, model_dir, allow_pickle=config.model.allow_pickle
-        )
+        bert.load_pretrained_weights(model.backbone, model_dir, allow_pickle=config.model.allow_pickle)
     return model, bert_config
 
 
@@ -183,34 +183,7 @@ def evaluate(
     return {**values, "loss": loss_sum / max(count, 1.0)}
 
 
-# One flag per process: set by SIGTERM, read by every phase's loop. A fresh flag per phase would miss a
-# SIGTERM that arrives in a later phase (the handler installed first keeps setting the first flag).
-_SIGTERM = {"set": False}
-
-
-def _on_sigterm(signum, frame) -> None:
-    _SIGTERM["set"] = True
-
-
-def _install_sigterm_flag() -> dict[str, bool]:
-    """The process's SIGTERM flag, with its handler installed unless someone else's handler is."""
-    installable = (signal.SIG_DFL, None, _on_sigterm)
-    if jax.process_count() == 1 and signal.getsignal(signal.SIGTERM) in installable:
-        try:
-            signal.signal(signal.SIGTERM, _on_sigterm)
-        except ValueError:  # not the main thread (e.g. some notebook runners): keep the default
-            pass
-    return _SIGTERM
-
-
-def _kill_requested(phase: str, step: int) -> bool:
-    target = os.environ.get(KILL_AT_ENV, "")
-    return target == f"{phase}:{step}"
-
-
-def feature_caches(
-    ctx: Context, phase: phases.Phase, params
-) -> dict[str, feature_cache.FeatureCache]:
+def feature_caches(ctx: Context, phase: phases.Phase, params) -> dict[str, feature_cache.FeatureCache]:
     """The frozen backbone's train and dev features for `phase`, built once per workdir (a resumed
     run reopens them); the train/dev gap evaluation reads the train cache too."""
     caches = {}
@@ -232,7 +205,7 @@ def feature_caches(
 
 
 class PhaseStep(NamedTuple):
-    init_state: Callable  # params -> {"step", "params", "opt_state"} (a dict: checkpoints restore into it)
+    init_state: Callable  # params -> TrainState.as_dict() (a dict: checkpoints restore into it)
     jitted_step: Callable  # jitted (TrainState, device batch, dropout_key) -> (TrainState, metrics)
     dropout_key: jax.Array
 
@@ -268,7 +241,7 @@ def build_phase_step(
 
     @functools.partial(jax.jit, out_shardings=replicated)
     def init_state(p):
-        return {"step": jnp.zeros((), jnp.int32), "params": p, "opt_state": tx.init(p)}
+        return steps.TrainState.create(p, tx.init(p)).as_dict()
 
     def train_step(state, batch, dropout_key):  # named so for compile logs (benchmarks/compile_count)
         return steps.train_step(
@@ -290,8 +263,37 @@ def build_phase_step(
         out_shardings=(replicated, replicated),
         donate_argnums=0,
     )
-    dropout_key = jax.device_put(jax.random.fold_in(jax.random.key(seed), index), replicated)
+    # Made by a jitted function, not device_put: a multi-host mesh has devices this process cannot
+    # address, and device_put of a key onto them fails.
+    dropout_key = jax.jit(lambda s, i: jax.random.fold_in(jax.random.key(s), i), out_shardings=replicated)(
+        seed, index
+    )
     return PhaseStep(init_state, jitted_train_step, dropout_key)
+
+
+def _raise_if_nonfinite(
+    state: steps.TrainState,
+    phase_name: str,
+    checkpoints: checkpointing.PhaseCheckpoints,
+    best_checkpoint: checkpointing.BestCheckpoint,
+) -> None:
+    bad_step = int(state.first_nonfinite_step)
+    if bad_step < 0:
+        return
+    checkpoints.close()
+    best_checkpoint.close()
+    latest = checkpoints.manager.latest_step()
+    last_good = (
+        f"the last good checkpoint is {checkpoints.manager.directory / str(latest)}"
+        if latest is not None
+        else f"{phase_name} has no checkpoint yet (a rerun starts it again from its initial parameters)"
+    )
+    raise FloatingPointError(
+        f"{phase_name} step {bad_step + 1}: the training loss or gradient norm is not finite "
+        f"(NaN or inf). That step and later ones were not applied, and nothing after it was evaluated "
+        f"or saved; {last_good}. Try a lower learning rate, float32 (config.model.dtype) or "
+        "gradient clipping (config.max_grad_norm)."
+    )
 
 
 def run_phase(
@@ -318,24 +320,22 @@ def run_phase(
         max_to_keep=config.keep_checkpoints,
         async_save=config.async_checkpointing,
     )
-    best_checkpoint = checkpointing.BestCheckpoint(
-        ctx.workdir, async_save=config.async_checkpointing
-    )
+    best_checkpoint = checkpointing.BestCheckpoint(ctx.workdir, async_save=config.async_checkpointing)
     tracker = phases.StopTracker(phase.stop)
     wall_time = 0.0
-    latest = checkpoints.latest_step()
-    if latest is not None:
-        abstract = checkpointing.abstract_like(jax.eval_shape(init_state, params), replicated)
-        state, meta = checkpoints.restore(latest, abstract)
-        best_checkpoint.discard_after(global_offset + latest)
+    abstract = checkpointing.abstract_like(jax.eval_shape(init_state, params), replicated)
+    restored = checkpoints.restore_latest(abstract)
+    if restored is not None:
+        latest, state, meta = restored
+        best_checkpoint.discard_between(global_offset + latest, global_offset + phase.num_steps)
         tracker.load_state_dict(meta["stop"])
         best, wall_time = meta["best"], meta["wall_time_s"]
         log.info("resumed %s at step %d", phase.name, latest)
     else:
         state = init_state(params)
     start_step = int(state["step"])
-    # Drop what a killed run logged after its last checkpoint, so the record is written once.
-    ctx.report.keep_records(lambda r: r["global_step"] <= global_offset + start_step)
+    # Drop what a killed run logged in this phase after its last checkpoint, so it is written once.
+    ctx.report.keep_records(lambda r: r["phase"] != phase.name or r["step"] <= start_step)
 
     state = steps.TrainState(**state)
     log.info(
@@ -354,11 +354,9 @@ def run_phase(
         }
 
     def save(step: int) -> None:
-        checkpoints.save(
-            step, {"step": state.step, "params": state.params, "opt_state": state.opt_state}, meta()
-        )
+        checkpoints.save(step, state.as_dict(), meta())
 
-    sigterm = _install_sigterm_flag()
+    preemption.install_sigterm_flag()
     started = time.time()
     # Built before the first step donates the state: its backbone is the phase's frozen one.
     features = feature_caches(ctx, phase, state.params) if phase.feature_cache else {}
@@ -389,11 +387,17 @@ def run_phase(
         window.append(step_metrics)
         progress.update(1)
 
-        if step % config.log_every_steps == 0 or step == phase.num_steps:
+        log_now = step % config.log_every_steps == 0 or step == phase.num_steps
+        eval_now = step % config.eval_every_steps == 0 or step == phase.num_steps
+        stop_now = preemption.should_stop(global_offset + step)  # every step, on every process
+        save_now = step % config.checkpoint_every_steps == 0 or stop_now
+        if log_now or eval_now or save_now:
+            # Before anything reads the parameters: NaN is never logged as progress, evaluated, saved.
+            _raise_if_nonfinite(state, phase.name, checkpoints, best_checkpoint)
+
+        if log_now:
             host = jax.device_get(window)
             loss = float(np.mean([m["loss"] for m in host]))
-            if not np.isfinite(loss):
-                raise FloatingPointError(f"{phase.name} step {step}: training loss is {loss}")
             rate = len(host) * ctx.global_batch_size / max(time.time() - window_start, 1e-9)
             train_stats = {
                 "loss": loss,
@@ -408,7 +412,7 @@ def run_phase(
             progress.set_postfix(loss=f"{loss:.4f}", ex_per_s=f"{rate:.1f}")
             window, window_start = [], time.time()
 
-        if step % config.eval_every_steps == 0 or step == phase.num_steps:
+        if eval_now:
             dev = evaluate(ctx, state.params, "dev", features=features.get("dev"))
             ctx.report.eval(
                 phase=phase.name,
@@ -452,24 +456,19 @@ def run_phase(
             progress.write(
                 f"{phase.name} step {step}: dev "
                 + " ".join(f"{k}={v:.4f}" for k, v in dev.items())
-                + (
-                    f" train_subset accuracy={train_accuracy:.4f}"
-                    if train_accuracy is not None
-                    else ""
-                )
+                + (f" train_subset accuracy={train_accuracy:.4f}" if train_accuracy is not None else "")
             )
 
-        if step % config.checkpoint_every_steps == 0 or sigterm["set"]:
+        if save_now:
             save(step)
-        if sigterm["set"]:
+        if stop_now:
             checkpoints.close()
             best_checkpoint.close()
-            sigterm["set"] = False  # handled: a rerun in this process (a notebook) starts clean
-            raise Preempted(
-                f"SIGTERM: checkpoint saved at {phase.name} step {step}; rerun the "
-                "same command to resume"
+            preemption.acknowledge()
+            raise preemption.Preempted(
+                f"SIGTERM: checkpoint saved at {phase.name} step {step}; rerun the same command to resume"
             )
-        if _kill_requested(phase.name, step):
+        if preemption.kill_requested(phase.name, step):
             os.kill(os.getpid(), signal.SIGKILL)
     progress.close()
     checkpoints.close()
@@ -490,18 +489,42 @@ def run_phase(
     return state.params, record
 
 
-def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
-    """Trains and evaluates every phase of `config.strategy`; returns (and writes) results.json."""
+def run(
+    config: ml_collections.ConfigDict, workdir: str | Path, *, allow_config_change: bool = False
+) -> dict[str, Any]:
+    """Trains and evaluates every phase of `config.strategy`; returns (and writes) results.json.
+
+    The workdir belongs to this config: a rerun with the same config resumes, one whose results-relevant
+    keys differ is refused unless `allow_config_change` (workdir.py), and so is a second live process.
+    """
     check_config(config)
     if "://" in str(workdir):
-        raise ValueError(f"--workdir={workdir}: use a local or shared-filesystem folder; object stores "
-                         "are not supported for metrics.jsonl/results.json (launch/run.sh can mirror "
-                         "a workdir to a bucket with BACKUP_URL)")
+        raise ValueError(
+            f"--workdir={workdir}: use a local or shared-filesystem folder; object stores "
+            "are not supported for metrics.jsonl/results.json (launch/run.sh can mirror "
+            "a workdir to a bucket with BACKUP_URL)"
+        )
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     mesh = sharding.make_mesh()
+    with workdirs.exclusive(workdir):
+        record = {
+            "config": config.to_dict(),
+            "global_batch_size": sharding.global_batch_size(config.per_device_batch_size, mesh),
+        }
+        workdirs.bind_config(workdir, record, allow_change=allow_config_change)
+        return _run(config, workdir, mesh)
+
+
+def _run(config: ml_collections.ConfigDict, workdir: Path, mesh: jax.sharding.Mesh) -> dict[str, Any]:
     task = tasks.get_task(config.data.task)
     model_dir = bert.resolve_model_dir(config.model.name_or_path)
+    positions = backbone_config(config, model_dir).max_position_embeddings
+    if config.max_seq_length > positions:
+        raise ValueError(
+            f"config.max_seq_length={config.max_seq_length} exceeds the {positions} positions of the model "
+            f"in {model_dir} (max_position_embeddings in its config.json)"
+        )
     datasets = load_datasets(config, task, tokenization.load_tokenizer(model_dir))
     model, bert_config = build_model(config, task, model_dir)
     graphdef, state = nnx.split(model)
@@ -568,6 +591,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any
         # Training and evaluation time summed over every process lifetime of this run (resumes too).
         "wall_time_s": sum(r["wall_time_s"] for r in records) + time.time() - final_started,
     }
+    ctx.report.sort_records()
     ctx.report.results(results)
     ctx.report.close()
     return results

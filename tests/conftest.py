@@ -38,12 +38,12 @@ def _run_cli(
 ) -> subprocess.CompletedProcess | subprocess.Popen:
     """`python -m stackft_jax.main --config=CONFIG --workdir=WORKDIR ARGS` from the repository root;
     `kill_at` ("phase1:3") makes train.py SIGKILL itself there; `wait=False` returns the Popen."""
-    from stackft_jax import train
+    from stackft_jax import preemption
 
     env = dict(os.environ)
-    env.pop(train.KILL_AT_ENV, None)
+    env.pop(preemption.KILL_AT_ENV, None)
     if kill_at:
-        env[train.KILL_AT_ENV] = kill_at
+        env[preemption.KILL_AT_ENV] = kill_at
     cmd = [sys.executable, "-m", "stackft_jax.main", f"--config={config}", f"--workdir={workdir}", *args]
     if not wait:
         return subprocess.Popen(

@@ -36,23 +36,38 @@ def _train(setup, phase_index, num_steps=2):
     config, graphdef, params, batch = setup
     phase = phases.phases_for(config, steps_per_epoch=10, num_layers=6)[phase_index]
     tx, labels = optim.build_optimizer(
-        params, rules=phase.rules, learning_rates=phase.learning_rates, num_steps=10,
-        warmup_steps=0, schedule="constant", weight_decay=0.01, max_grad_norm=1.0,
+        params,
+        rules=phase.rules,
+        learning_rates=phase.learning_rates,
+        num_steps=10,
+        warmup_steps=0,
+        schedule="constant",
+        weight_decay=0.01,
+        max_grad_norm=1.0,
     )
     mesh = sharding.make_mesh()
     replicated = sharding.replicated(mesh)
     params_on_mesh = jax.device_put(params, replicated)
-    state = steps.TrainState(step=jax.numpy.zeros((), "int32"), params=params_on_mesh,
-                             opt_state=jax.jit(tx.init, out_shardings=replicated)(params_on_mesh))
-    step = jax.jit(functools.partial(
-        steps.train_step, graphdef=graphdef, tx=tx, trainable=optim.trainable_mask(labels),
-        kind="classification", dropout_key=jax.random.key(0)))
+    state = steps.TrainState.create(
+        params_on_mesh, jax.jit(tx.init, out_shardings=replicated)(params_on_mesh)
+    )
+    step = jax.jit(
+        functools.partial(
+            steps.train_step,
+            graphdef=graphdef,
+            tx=tx,
+            trainable=optim.trainable_mask(labels),
+            kind="classification",
+            dropout_key=jax.random.key(0),
+        )
+    )
     for _ in range(num_steps):
         state, _ = step(state, sharding.put_batch(batch, mesh))
-    before = {optim.path_str(p): np.asarray(v)
-              for p, v in jax.tree_util.tree_flatten_with_path(params)[0]}
-    after = {optim.path_str(p): np.asarray(v)
-             for p, v in jax.tree_util.tree_flatten_with_path(jax.device_get(state.params))[0]}
+    before = {optim.path_str(p): np.asarray(v) for p, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+    after = {
+        optim.path_str(p): np.asarray(v)
+        for p, v in jax.tree_util.tree_flatten_with_path(jax.device_get(state.params))[0]
+    }
     return before, after, state
 
 

@@ -28,11 +28,7 @@ def _step_on(devices, params, graphdef, batch, phase):
         max_grad_norm=1.0,
     )
     params = jax.device_put(params, replicated)
-    state = steps.TrainState(
-        step=jax.numpy.zeros((), "int32"),
-        params=params,
-        opt_state=jax.jit(tx.init, out_shardings=replicated)(params),
-    )
+    state = steps.TrainState.create(params, jax.jit(tx.init, out_shardings=replicated)(params))
     step = jax.jit(
         functools.partial(
             steps.train_step,

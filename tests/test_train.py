@@ -12,14 +12,21 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import quora, tiny
-from stackft_jax import checkpointing, sharding, train
+from stackft_jax import checkpointing, preemption, sharding, train
 from stackft_jax.data import tasks
 from stackft_jax.models import bert
 
 
 def _final_params(workdir: Path):
+    """Read onto one device, whatever devices or processes wrote them."""
+    path = checkpointing.phase_end_path(workdir, "phase2") / "params"
+    one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     with ocp.StandardCheckpointer() as checkpointer:
-        return checkpointer.restore(checkpointing.phase_end_path(workdir, "phase2") / "params")
+        target = jax.tree.map(
+            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one_device),
+            checkpointer.metadata(path).item_metadata,
+        )
+        return checkpointer.restore(path, target)
 
 
 def _eval_records(workdir: Path) -> list[dict]:
@@ -100,8 +107,8 @@ def test_sigterm_flag_reaches_every_phase():
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
-        train._install_sigterm_flag()  # phase 1
-        flag = train._install_sigterm_flag()  # phase 2
+        preemption.install_sigterm_flag()  # phase 1
+        flag = preemption.install_sigterm_flag()  # phase 2
         assert not flag["set"]
         os.kill(os.getpid(), signal.SIGTERM)
         deadline = time.time() + 5
@@ -109,7 +116,7 @@ def test_sigterm_flag_reaches_every_phase():
             time.sleep(0.01)
         assert flag["set"]
     finally:
-        train._SIGTERM["set"] = False
+        preemption.acknowledge()
         signal.signal(signal.SIGTERM, previous)
 
 

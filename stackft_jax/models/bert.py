@@ -454,6 +454,16 @@ def load_hf_weights(model_dir: Path, *, allow_pickle: bool = False) -> dict[str,
 
 
 def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    try:
+        return _read_safetensors_unchecked(path)
+    except Exception as error:  # safetensors raises SafetensorError, OSError, ... and names no file
+        raise ValueError(
+            f"{path}: cannot read the weights ({type(error).__name__}: {error}); the file may be "
+            "truncated or damaged: download it again"
+        ) from error
+
+
+def _read_safetensors_unchecked(path: Path) -> dict[str, np.ndarray]:
     from safetensors import safe_open
 
     tensors = {}
