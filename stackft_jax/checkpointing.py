@@ -38,7 +38,9 @@ def unreadable_dir(workdir: str | Path) -> Path:
 
 def _move_aside(path: Path, workdir: Path, error: Exception) -> None:
     """Moves an unreadable checkpoint out of the way (process 0 moves; every process waits for it)."""
-    target = unreadable_dir(workdir) / f"{path.parent.name}-{path.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    # checkpoints/phase2/4 -> unreadable/phase2-4-<time>, checkpoints/phase1_end -> phase1_end-<time>
+    name = "-".join(path.relative_to(workdir / "checkpoints").parts)
+    target = unreadable_dir(workdir) / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if jax.process_index() == 0:
         log.warning(
             "checkpoint %s is unreadable (%s: %s); moved to %s, trying an older one",

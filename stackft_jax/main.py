@@ -67,10 +67,14 @@ def main(argv: list[str]) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("absl").setLevel(logging.WARNING)
 
-    from stackft_jax import train
+    from stackft_jax import train, workdirs
 
     logging.info("JAX process %d/%d, devices: %s", jax.process_index(), jax.process_count(), jax.devices())
-    results = train.run(FLAGS.config, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
+    try:
+        results = train.run(FLAGS.config, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
+    except (workdirs.ConfigMismatch, workdirs.WorkdirInUse, FloatingPointError) as error:
+        # Refusals and stops the message fully explains: no traceback to scroll past.
+        raise SystemExit(f"error: {error}") from None
     if jax.process_index() == 0:
         final = " ".join(
             f"{split}.{k}={v:.4f}" for split, vals in results["final"].items() for k, v in vals.items()

@@ -23,9 +23,11 @@ import jax
 
 CONFIG_FILE = "config.json"
 HISTORY_FILE = "config_history.jsonl"
-# Keys that change how a run is watched or stored, never what it computes: they may differ on a rerun.
+# Keys of the record that change how a run is watched or stored, never what it computes: they may
+# differ on a rerun.
 RESULT_NEUTRAL_KEYS = frozenset(
-    {
+    f"config.{key}"
+    for key in (
         "log_every_steps",
         "checkpoint_every_steps",
         "keep_checkpoints",
@@ -33,7 +35,7 @@ RESULT_NEUTRAL_KEYS = frozenset(
         "eval_per_device_batch_size",
         "data.cache_dir",
         "model.allow_pickle",
-    }
+    )
 )
 
 

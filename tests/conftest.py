@@ -56,3 +56,13 @@ def _run_cli(
 def run_cli():
     """The command line as a subprocess: see `_run_cli`."""
     return _run_cli
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory, run_cli) -> Path:
+    """The tiny config's command-line run without interruption: what every kill/resume drill must
+    reproduce bit for bit."""
+    workdir = tmp_path_factory.mktemp("uninterrupted")
+    proc = run_cli(workdir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return workdir

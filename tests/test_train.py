@@ -33,14 +33,6 @@ def _eval_records(workdir: Path) -> list[dict]:
     return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, run_cli) -> Path:
-    workdir = tmp_path_factory.mktemp("uninterrupted")
-    proc = run_cli(workdir)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return workdir
-
-
 def _assert_same_run(a: Path, b: Path) -> None:
     ra, rb = (json.loads((w / "results.json").read_text()) for w in (a, b))
     assert ra["final"] == rb["final"]

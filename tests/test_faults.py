@@ -1,0 +1,92 @@
+"""Faults a long run meets: SIGKILL at random moments (during checkpoint writes too), damaged or missing
+checkpoint files, and NaN. Every rerun must end bit-identical to an uninterrupted run."""
+
+import random
+import signal
+import subprocess
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from configs import tiny
+from stackft_jax import checkpointing, train
+from tests.test_train import _assert_same_run
+
+
+def _largest_file(folder: Path) -> Path:
+    return max((p for p in folder.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def test_sigkill_at_random_moments(uninterrupted, tmp_path, run_cli):
+    """Checkpoints every step, so most kills land in a checkpoint write; the delays are drawn from a
+    fixed seed and printed, so a failure can be replayed."""
+    rng = random.Random(20261122)
+    args = ("--config.checkpoint_every_steps=1",)
+    killed = 0
+    for _ in range(6):
+        delay = rng.uniform(2.0, 16.0)
+        proc = run_cli(tmp_path, *args, wait=False)
+        try:
+            proc.wait(timeout=delay)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            killed += 1
+        print(f"run killed after {delay:.2f} s" if proc.returncode == -signal.SIGKILL else "run finished")
+        proc.communicate()
+    assert killed >= 3, "the drill must actually kill runs"
+    proc = run_cli(tmp_path, *args)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _assert_same_run(uninterrupted, tmp_path)
+
+
+def test_damaged_newest_periodic_checkpoint_falls_back(uninterrupted, tmp_path, run_cli):
+    assert run_cli(tmp_path, kill_at="phase2:5").returncode == -signal.SIGKILL
+    newest = tmp_path / "checkpoints" / "phase2" / "4"
+    _truncate(_largest_file(newest / "state"))
+    proc = run_cli(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "is unreadable" in proc.stderr and "resumed phase2 at step 2" in proc.stderr
+    (moved,) = checkpointing.unreadable_dir(tmp_path).glob("phase2-4-*")
+    assert (moved / "state").is_dir()  # kept, not deleted
+    _assert_same_run(uninterrupted, tmp_path)
+
+
+def test_damaged_boundary_and_periodic_checkpoints_fall_back(uninterrupted, tmp_path, run_cli):
+    """phase1_end lost a file and phase 1's newest periodic checkpoint is truncated: phase 1 reruns from
+    its older checkpoint, then phase 2 resumes from its own."""
+    assert run_cli(tmp_path, kill_at="phase2:3").returncode == -signal.SIGKILL
+    (checkpointing.phase_end_path(tmp_path, "phase1") / "params" / "_METADATA").unlink()
+    _truncate(_largest_file(tmp_path / "checkpoints" / "phase1" / "6" / "state"))
+    proc = run_cli(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "resumed phase1 at step 4" in proc.stderr and "resumed phase2 at step 2" in proc.stderr
+    moved = sorted(p.name.rsplit("-", 2)[0] for p in checkpointing.unreadable_dir(tmp_path).iterdir())
+    assert moved == ["phase1-6", "phase1_end"]
+    _assert_same_run(uninterrupted, tmp_path)
+
+
+def test_nan_stops_at_its_step_and_nothing_nan_is_saved(tmp_path):
+    """An absurd learning rate makes step 2's loss non-finite: the run stops naming that step and the
+    last good checkpoint (step 1), evaluates and saves nothing after it, and a rerun stops the same way."""
+    config = tiny.get_config("phase1.learning_rate=1e38,log_every_steps=100,checkpoint_every_steps=1")
+    for _ in range(2):  # the rerun resumes from step 1 and meets the same NaN
+        with pytest.raises(FloatingPointError) as stopped:
+            train.run(config, tmp_path)
+        message = str(stopped.value)
+        assert message.startswith("phase1 step 2: the training loss or gradient norm is not finite")
+        assert str(tmp_path / "checkpoints" / "phase1" / "1") in message
+    assert sorted(p.name for p in (tmp_path / "checkpoints" / "phase1").iterdir()) == ["1"]
+    assert not list((tmp_path / "checkpoints" / "best").iterdir())  # no evaluation ran
+    assert not (tmp_path / "metrics.jsonl").exists()
+    with ocp.StandardCheckpointer() as checkpointer:
+        saved = checkpointer.restore(tmp_path / "checkpoints" / "phase1" / "1" / "state")
+    assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(saved["params"]))
+    assert int(saved["first_nonfinite_step"]) == -1

@@ -1,0 +1,107 @@
+"""A workdir belongs to one config and one live run: reruns with other results-relevant keys are
+refused, a second live process is refused, a killed process's lock does not block its rerun."""
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from configs import tiny
+from stackft_jax import train, workdirs
+
+
+def test_config_differences_list_changed_added_and_removed_keys():
+    recorded = {
+        "config": {"seed": 0, "phase1": {"learning_rate": 1e-3, "num_steps": 6}, "log_every_steps": 2}
+    }
+    current = {"config": {"seed": 1, "phase1": {"learning_rate": 1e-3}, "log_every_steps": 50}, "new": True}
+    assert workdirs.config_differences(recorded, current) == {
+        "config.phase1.num_steps": (6, "<absent>"),
+        "config.seed": (0, 1),
+        "new": ("<absent>", True),
+    }
+
+
+def test_bind_config_records_refuses_and_allows_on_purpose(tmp_path):
+    first = {"config": {"seed": 0, "log_every_steps": 2}, "global_batch_size": 8}
+    workdirs.bind_config(tmp_path, first, allow_change=False)
+    assert json.loads((tmp_path / "config.json").read_text()) == first
+    workdirs.bind_config(tmp_path, {**first, "config": {"seed": 0, "log_every_steps": 9}}, allow_change=False)
+
+    other = {"config": {"seed": 1, "log_every_steps": 2}, "global_batch_size": 16}
+    with pytest.raises(workdirs.ConfigMismatch) as refused:
+        workdirs.bind_config(tmp_path, other, allow_change=False)
+    message = str(refused.value)
+    assert "config.seed: 0 recorded, 1 now" in message
+    assert "global_batch_size: 8 recorded, 16 now" in message
+    assert "--allow_config_change" in message and "log_every_steps" not in message
+
+    workdirs.bind_config(tmp_path, other, allow_change=True)
+    assert json.loads((tmp_path / "config.json").read_text()) == other
+    (history,) = (tmp_path / "config_history.jsonl").read_text().splitlines()
+    assert json.loads(history)["record"] == first
+
+
+def test_rerun_with_another_seed_is_refused_before_any_work(tmp_path):
+    train.run(tiny.get_config("phase1.num_steps=2,phase2.num_steps=2"), tmp_path)
+    results_before = (tmp_path / "results.json").read_text()
+    with pytest.raises(workdirs.ConfigMismatch, match="config.seed: 0 recorded, 1 now"):
+        train.run(tiny.get_config("phase1.num_steps=2,phase2.num_steps=2,seed=1"), tmp_path)
+    assert (tmp_path / "results.json").read_text() == results_before
+    # Logging cadence and eval batch size do not change results: the rerun goes on.
+    train.run(
+        tiny.get_config(
+            "phase1.num_steps=2,phase2.num_steps=2,log_every_steps=1,eval_per_device_batch_size=4"
+        ),
+        tmp_path,
+    )
+
+
+def test_a_live_run_holds_the_workdir(tmp_path):
+    with workdirs.exclusive(tmp_path):
+        with pytest.raises(workdirs.WorkdirInUse, match="in use by a live run"):
+            train.run(tiny.get_config(), tmp_path)
+
+
+def test_a_killed_process_lock_does_not_block(tmp_path):
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+                import time
+                from pathlib import Path
+                from stackft_jax import workdirs
+                with workdirs.exclusive(Path({str(tmp_path)!r})):
+                    print("locked", flush=True)
+                    time.sleep(600)
+                """
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(workdirs.WorkdirInUse, match=r"pid \d+ on"):
+        with workdirs.exclusive(tmp_path):
+            pass
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    with workdirs.exclusive(tmp_path):
+        pass
+
+
+def test_cli_prints_the_refusal_without_a_traceback(tmp_path, run_cli):
+    assert run_cli(tmp_path, "--config.phase1.num_steps=2", "--config.phase2.num_steps=2").returncode == 0
+    proc = run_cli(tmp_path, "--config.phase1.num_steps=3", "--config.phase2.num_steps=2")
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert "error: " in proc.stderr and "phase1.num_steps: 2 recorded, 3 now" in proc.stderr
+    proc = run_cli(
+        tmp_path, "--config.phase1.num_steps=3", "--config.phase2.num_steps=2", "--allow_config_change"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
