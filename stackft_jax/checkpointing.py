@@ -5,7 +5,8 @@
     WORKDIR/checkpoints/<phase>_end/      the phase boundary: final parameters and the phase's record
     WORKDIR/checkpoints/best/<step>/      parameters with the best dev metric so far
 
-Resume order, per phase: a `<phase>_end` means the phase is done; else the latest periodic checkpoint;
+Resume order, per phase: a readable `<phase>_end` means the phase is done; else the latest readable
+periodic checkpoint;
 else the phase starts from the previous phase's parameters (or the pretrained backbone) with a fresh
 optimizer. Orbax writes each checkpoint to a temporary directory and renames it when complete, so a
 process killed mid-save leaves the previous checkpoint intact (the temporary directory is removed when
@@ -13,7 +14,8 @@ the phase's checkpoints are next opened).
 
 A checkpoint that cannot be read (a truncated or deleted file: a full disk, a bad copy, a storage fault)
 is moved to `WORKDIR/checkpoints/unreadable/`, never deleted, and the next older one is tried; an
-unreadable `<phase>_end` sends the phase back to its periodic checkpoints.
+unreadable `<phase>_end` sends the phase back to its start (its periodic checkpoints are deleted once the
+boundary checkpoint is written: they hold the optimizer state, most of a run's disk use).
 """
 
 import logging
@@ -151,6 +153,15 @@ def load_phase_end(workdir: str | Path, phase: str, abstract_params: Any) -> tup
         _move_aside(path, Path(workdir).absolute(), error)
         return None
     return restored.params, restored.record
+
+
+def discard_periodic(workdir: str | Path, phase: str) -> None:
+    """Deletes a finished phase's periodic checkpoints (parameters and optimizer state: most of a run's
+    disk use); its boundary checkpoint holds all that later phases need."""
+    if jax.process_index() == 0:
+        shutil.rmtree(Path(workdir).absolute() / "checkpoints" / phase, ignore_errors=True)
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(f"discarded {phase} periodic checkpoints")
 
 
 class BestCheckpoint:

@@ -573,6 +573,8 @@ def _run(config: ml_collections.ConfigDict, workdir: Path, mesh: jax.sharding.Me
         else:
             params, record = run_phase(ctx, phase, index, params, global_offset, best)
             checkpointing.save_phase_end(workdir, phase.name, params, record)
+        # The boundary checkpoint replaces the phase's periodic ones (a lost boundary reruns the phase).
+        checkpointing.discard_periodic(workdir, phase.name)
         records.append(record)
         best = record["best"]
         global_offset += record["steps"]
