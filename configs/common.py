@@ -15,51 +15,50 @@ word names a preset of that file, `key=value` sets a key).
 import ml_collections
 from ml_collections.config_dict import placeholder
 
+from stackft_jax import config_cli
 from stackft_jax.models.heads import default_head_configs
 
 
 def get_config() -> ml_collections.ConfigDict:
+    # Every key has a comment (`--show_config` prints them): at the end of its line, or just above it.
     c = ml_collections.ConfigDict()
-    c.strategy = "stack_and_finetune"
-    c.seed = 0
-    c.max_seq_length = 128
-    c.per_device_batch_size = 32
-    c.eval_per_device_batch_size = 64
+    c.strategy = "stack_and_finetune"  # finetune_only | stack_only | stack_and_finetune
+    c.seed = 0  # parameter init, data order and dropout
+    c.max_seq_length = 128  # tokens per example; batches are padded to length buckets up to it
+    c.per_device_batch_size = 32  # training batch per device; global batch = this x device count
+    c.eval_per_device_batch_size = 64  # evaluation batch per device (does not change results)
 
     c.model = ml_collections.ConfigDict()
-    c.model.name_or_path = "bert-base-uncased"
-    c.model.init = (
-        "pretrained"  # or "random": BERT config and tokenizer from name_or_path, random weights
-    )
-    c.model.allow_pickle = (
-        False  # load pytorch_model.bin (unpickling runs code) when no safetensors
-    )
+    c.model.name_or_path = "bert-base-uncased"  # hub id, local folder, or "embedded:minilm"
+    c.model.init = "pretrained"  # or "random": BERT config and tokenizer from name_or_path, random weights
+    c.model.allow_pickle = False  # load pytorch_model.bin (unpickling runs code) when no safetensors
     c.model.dtype = "float32"  # compute dtype; "bfloat16" on TPU/GPU (parameters stay float32)
     c.model.scalar_mix = False  # heads see a learned mix of all BERT layers instead of the last
     c.model.dropout_rate = placeholder(float)  # overrides BERT's hidden/attention dropout when set
+    # Non-zero values replace config.json's (tiny random models for tests; need model.init=random).
     c.model.config_overrides = ml_collections.ConfigDict(
         {"hidden_size": 0, "num_hidden_layers": 0, "num_attention_heads": 0, "intermediate_size": 0}
-    )  # non-zero values replace config.json's (tiny random models for tests)
+    )
 
-    c.head = default_head_configs()
-    c.head.name = "cls_mlp"
-    c.head.dropout_rate = 0.1
+    c.head = default_head_configs()  # one block of options per head (stackft_jax/models/heads/)
+    c.head.name = "cls_mlp"  # the task head (README: heads)
+    c.head.dropout_rate = 0.1  # dropout inside the head
 
     c.data = ml_collections.ConfigDict()
-    c.data.task = "qqp"
-    c.data.train_file = placeholder(str)
-    c.data.dev_file = placeholder(str)
-    c.data.test_file = placeholder(str)
+    c.data.task = "qqp"  # qqp | mrpc | stsb | sst2
+    c.data.train_file = placeholder(str)  # local file; unset: the Hugging Face dataset
+    c.data.dev_file = placeholder(str)  # local file; unset: the Hugging Face dataset
+    c.data.test_file = placeholder(str)  # local file, scored at the end; unset: no test split
     c.data.cache_dir = placeholder(str)  # tokenized-data cache; default ~/.cache/stackft_jax
 
-    c.phase1 = ml_collections.ConfigDict()
-    c.phase1.learning_rate = 1e-3
-    c.phase1.num_steps = 0  # 0: use num_epochs
-    c.phase1.num_epochs = 1.0
-    c.phase1.warmup_steps = 0
-    c.phase1.warmup_ratio = 0.0
-    c.phase1.schedule = "constant"
-    c.phase1.weight_decay = 0.01
+    c.phase1 = ml_collections.ConfigDict()  # the frozen-backbone phase (stack_only, and s&f's first)
+    c.phase1.learning_rate = 1e-3  # peak learning rate of the head
+    c.phase1.num_steps = 0  # step budget; 0: use num_epochs
+    c.phase1.num_epochs = 1.0  # budget in epochs when num_steps is 0
+    c.phase1.warmup_steps = 0  # linear warm-up steps; 0: use warmup_ratio
+    c.phase1.warmup_ratio = 0.0  # warm-up as a fraction of the budget
+    c.phase1.schedule = "constant"  # constant | warmup_linear | slanted_triangular
+    c.phase1.weight_decay = 0.01  # AdamW decay on kernels and embeddings (never biases, LayerNorm)
     c.phase1.max_train_dev_gap = 0.02  # stop once train accuracy exceeds dev accuracy by this much
     c.phase1.gap_eval_examples = 2000  # train examples scored (eval mode) to measure that gap
     c.phase1.patience_evals = 0  # stop after this many evals without dev improvement; 0: off
@@ -70,61 +69,33 @@ def get_config() -> ml_collections.ConfigDict:
     c.phase1.feature_cache = False  # needs backbone_dropout=False; files under WORKDIR/feature_cache
     c.phase1.feature_cache_dtype = "float32"  # or "bfloat16": half the disk and page cache
 
-    c.phase2 = ml_collections.ConfigDict()
-    c.phase2.backbone_learning_rate = 2e-5
+    c.phase2 = ml_collections.ConfigDict()  # the all-parameters phase (finetune_only, and s&f's second)
+    c.phase2.backbone_learning_rate = 2e-5  # peak learning rate of BERT
     c.phase2.head_learning_rate = 0.0  # 0: same as backbone_learning_rate
     c.phase2.layerwise_lr_decay = 1.0  # < 1: discriminative learning rates per BERT layer
-    c.phase2.num_steps = 0
-    c.phase2.num_epochs = 3.0
-    c.phase2.warmup_steps = 0
-    c.phase2.warmup_ratio = 0.1
-    c.phase2.schedule = "warmup_linear"
-    c.phase2.weight_decay = 0.01
-    c.phase2.patience_evals = 0
+    c.phase2.num_steps = 0  # step budget; 0: use num_epochs
+    c.phase2.num_epochs = 3.0  # budget in epochs when num_steps is 0
+    c.phase2.warmup_steps = 0  # linear warm-up steps; 0: use warmup_ratio
+    c.phase2.warmup_ratio = 0.1  # warm-up as a fraction of the budget (BERT: 0.1)
+    c.phase2.schedule = "warmup_linear"  # constant | warmup_linear | slanted_triangular
+    c.phase2.weight_decay = 0.01  # AdamW decay on kernels and embeddings (never biases, LayerNorm)
+    c.phase2.patience_evals = 0  # stop after this many evals without dev improvement; 0: off
 
-    c.max_grad_norm = 1.0
-    c.log_every_steps = 50
-    c.eval_every_steps = 500
-    c.checkpoint_every_steps = 500
-    c.keep_checkpoints = 2
-    c.async_checkpointing = True
+    c.max_grad_norm = 1.0  # clip the trainable leaves' global gradient norm to this; 0: off
+    c.log_every_steps = 50  # training loss, gradient norm and examples/s to TensorBoard
+    c.eval_every_steps = 500  # dev evaluation (and the phase-1 stop rules) every this many steps
+    c.checkpoint_every_steps = 500  # periodic checkpoint for resuming
+    c.keep_checkpoints = 2  # periodic checkpoints kept per running phase
+    c.async_checkpointing = True  # write checkpoints in the background while training goes on
     return c
-
-
-SHORTHANDS = {"task": "data.task", "head": "head.name"}
 
 
 def expand_shorthands(arg: str | None) -> list[str]:
     """`task=mrpc,head=esim` -> `data.task=mrpc`, `head.name=esim`; other items unchanged."""
-    items = []
-    for item in filter(None, (arg or "").split(",")):
-        key, sep, value = item.partition("=")
-        items.append(f"{SHORTHANDS.get(key, key)}={value}" if sep else item)
-    return items
+    return config_cli.items_of(arg)
 
 
 def apply_arg(config: ml_collections.ConfigDict, arg: str | None, presets: dict) -> None:
-    """Applies `name1,key=value,...` from `--config=file.py:<arg>` in order; presets are functions
-    that edit the config in place."""
-    for item in expand_shorthands(arg):
-        if "=" not in item:
-            if item not in presets:
-                raise ValueError(
-                    f"unknown preset {item!r}; presets of this config: {sorted(presets)}"
-                )
-            presets[item](config)
-            continue
-        key, value = item.split("=", 1)
-        parent = config
-        *path, leaf = key.split(".")
-        for part in path:
-            parent = parent[part]
-        if leaf not in parent:
-            raise KeyError(f"config key {key!r} does not exist (from config argument {item!r})")
-        current = parent[leaf]
-        if isinstance(current, bool):
-            parent[leaf] = value.lower() in ("1", "true", "yes")
-        elif isinstance(current, int | float) and not isinstance(current, bool):
-            parent[leaf] = type(current)(value)
-        else:
-            parent[leaf] = value
+    """Applies `name1,key=value,...` from `--config=file.py:<arg>` (and the `--config.` flags, which
+    main.py appends) in order; presets are functions that edit the config in place."""
+    config_cli.apply_items(config, arg, presets)

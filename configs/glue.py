@@ -12,6 +12,7 @@ Offline, on the local GLUE TSVs:
 import ml_collections
 
 from configs import common
+from stackft_jax import config_cli
 
 # Per task: metric conventions live in stackft_jax/data/tasks.py; these are training budgets.
 TASK_DEFAULTS = {
@@ -27,7 +28,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     items = common.expand_shorthands(arg)
     task = dict(i.split("=", 1) for i in items if "=" in i).get("data.task", "sst2")
     if task not in TASK_DEFAULTS:
-        raise ValueError(f"configs/glue.py: task={task!r}; choose one of {sorted(TASK_DEFAULTS)}")
+        raise config_cli.ConfigError(f"configs/glue.py: task={task!r}; choose one of {sorted(TASK_DEFAULTS)}")
     c.data.task = task
     for key, value in TASK_DEFAULTS[task].items():
         common.apply_arg(c, f"{key}={value}", {})

@@ -1,6 +1,7 @@
 """Command line: `python -m stackft_jax.main --config=configs/quora.py --workdir=runs/qqp`.
 
-Rerunning the same command with the same --workdir resumes from its checkpoints.
+Rerunning the same command with the same --workdir resumes from its checkpoints. Config keys are set
+as `--config=FILE.py:preset,key=value` or `--config.key=value` (config_cli.py); `--show_config` lists them.
 """
 
 import logging
@@ -8,7 +9,8 @@ import os
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
+
+from stackft_jax import config_cli
 
 # Config files import `configs.common`; make the checkout they live in importable.
 sys.path.insert(0, os.getcwd())
@@ -20,9 +22,14 @@ def _env_int(name: str) -> int | None:
 
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file(
-    "config", None, "Experiment config file[:preset,key=value,...].", lock_config=True
+flags.DEFINE_string(
+    "config",
+    None,
+    "Experiment config FILE.py[:preset,key=value,...]; keys also as --config.KEY=VALUE flags.",
 )
+flags.DEFINE_bool("show_config", False, "Print every config key with its value and comment, then exit.")
+# The `--config.KEY=VALUE` items, taken out of argv before absl parses it (see _parse_flags).
+_OVERRIDES: list[str] = []
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and results.")
 flags.DEFINE_bool(
     "distributed",
@@ -45,12 +52,31 @@ flags.DEFINE_bool(
     "Resume a workdir although its recorded config differs in keys that change results (the new "
     "config is recorded, the old one kept in config_history.jsonl).",
 )
-flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    try:
+        _OVERRIDES[:], rest = config_cli.split_override_flags(argv)
+    except config_cli.ConfigError as error:
+        raise SystemExit(f"error: {error}") from None
+    return app.parse_flags_with_usage(rest)
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not FLAGS.config:
+        raise app.UsageError("--config=FILE.py is required")
+    try:
+        config = config_cli.load(FLAGS.config, _OVERRIDES)
+    except config_cli.ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    if FLAGS.show_config:
+        config_cli.show(config)
+        return
+    if not FLAGS.workdir:
+        raise app.UsageError("--workdir is required")
     from stackft_jax import xla_flags
 
     xla_flags.apply_cpu_defaults()  # before JAX starts a backend
@@ -71,7 +97,7 @@ def main(argv: list[str]) -> None:
 
     logging.info("JAX process %d/%d, devices: %s", jax.process_index(), jax.process_count(), jax.devices())
     try:
-        results = train.run(FLAGS.config, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
+        results = train.run(config, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
     except (workdirs.ConfigMismatch, workdirs.WorkdirInUse, FloatingPointError) as error:
         # Refusals and stops the message fully explains: no traceback to scroll past.
         raise SystemExit(f"error: {error}") from None
@@ -83,4 +109,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=_parse_flags)
