@@ -1,5 +1,6 @@
 """Task metrics on host arrays of predictions and gold labels (padding already removed)."""
 
+import warnings
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -12,7 +13,15 @@ def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
 
 
 def binary_f1(predictions: np.ndarray, labels: np.ndarray) -> float:
-    """F1 of the positive class (label 1), as GLUE reports for QQP and MRPC."""
+    """F1 of the positive class (label 1), as GLUE reports for QQP and MRPC; NaN (undefined, with a
+    warning) when the labels hold no positive example, where any number would mislead."""
+    if not np.any(labels == 1):
+        warnings.warn(
+            f"F1 is undefined: the {len(labels)} labels hold no positive example (one class only); "
+            "reported as NaN (null in the JSON files)",
+            stacklevel=2,
+        )
+        return float("nan")
     return float(f1_score(labels, predictions, pos_label=1, average="binary", zero_division=0.0))
 
 

@@ -19,19 +19,32 @@ UNLABELED = -1
 _STSB_SCORE_RANGE = (0.0, 5.0)
 
 
+def _decoded_lines(path: Path) -> Iterator[str]:
+    """The file's lines as text, decoded one by one so that bad bytes are reported at their line; the
+    first line drops MRPC's UTF-8 BOM."""
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                    f"{path}:{number}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}); "
+                    "convert the file to UTF-8"
+                ) from None
+
+
 def _rows(path: str | Path, config_key: str) -> Iterator[tuple[int, list[str]]]:
-    """Yields (line number, fields) for every non-blank line; utf-8-sig drops MRPC's BOM."""
+    """Yields (line number, fields) for every non-blank line."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{config_key} = {str(path)!r}: no such file")
-    with path.open(encoding="utf-8-sig", newline="") as f:
-        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        try:
-            for fields in reader:
-                if fields:
-                    yield reader.line_num, fields
-        except csv.Error as e:
-            raise ValueError(f"{path}:{reader.line_num}: {e}") from e
+    reader = csv.reader(_decoded_lines(path), delimiter="\t", quoting=csv.QUOTE_NONE)
+    try:
+        for fields in reader:
+            if fields:
+                yield reader.line_num, fields
+    except csv.Error as e:
+        raise ValueError(f"{path}:{reader.line_num}: {e}") from e
 
 
 def _class_label(value: str, where: str, num_classes: int) -> int:

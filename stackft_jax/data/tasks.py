@@ -84,7 +84,10 @@ def load_examples(task: TaskSpec, split: str, path: str | Path | None) -> list[E
 
     config_key = f"data.{split}_file"
     if path is not None:
-        return glue.READERS[task.name](path, config_key=config_key)
+        examples = glue.READERS[task.name](path, config_key=config_key)
+        if not examples:
+            raise ValueError(f"{config_key} = {str(path)!r}: the file holds no examples (a header only?)")
+        return examples
 
     import datasets
 

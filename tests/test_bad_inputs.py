@@ -1,0 +1,58 @@
+"""Bad input fails before training, naming the file, line or config key."""
+
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+
+from configs import tiny
+from stackft_jax import metrics, train
+from stackft_jax.data import tasks
+from stackft_jax.models import bert
+
+
+def test_header_only_dev_file_is_refused_at_load(tmp_path):
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n")
+    with pytest.raises(ValueError, match=r"data.dev_file = '.*dev.tsv': the file holds no examples"):
+        tasks.load_examples(tasks.get_task("qqp"), "dev", dev)
+    with pytest.raises(ValueError, match="holds no examples"):
+        train.run(tiny.get_config(f"data.dev_file={dev}"), tmp_path / "run")
+    assert not list((tmp_path / "run").glob("checkpoints/*/*"))  # failed before the first step
+
+
+def test_non_utf8_bytes_name_file_and_line(tmp_path):
+    train_file = tmp_path / "train.tsv"
+    train_file.write_bytes(
+        b"id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n"
+        b"1\t1\t2\tHow?\tWhat?\t0\n"
+        b"2\t3\t4\tCaf\xe9 or tea?\tWhich one?\t1\n"
+    )
+    with pytest.raises(ValueError, match=r"train.tsv:3: not UTF-8 text \(byte 0xe9 at column 10\)"):
+        tasks.load_examples(tasks.get_task("qqp"), "train", train_file)
+
+
+def test_max_seq_length_above_the_models_positions(tmp_path):
+    with pytest.raises(ValueError, match=r"config.max_seq_length=600 exceeds the 512 positions of the model"):
+        train.run(tiny.get_config("max_seq_length=600"), tmp_path)
+
+
+def test_truncated_weights_file_is_named(tmp_path):
+    model_dir = tmp_path / "model"
+    shutil.copytree(bert.resolve_model_dir("embedded:minilm"), model_dir)
+    weights = model_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])
+    with pytest.raises(ValueError, match=rf"{weights}: cannot read the weights .* truncated or damaged"):
+        bert.load_hf_weights(model_dir)
+
+
+def test_f1_of_a_dev_set_without_positives_is_undefined():
+    labels = np.zeros(5, np.int64)
+    with pytest.warns(UserWarning, match="F1 is undefined: the 5 labels hold no positive example"):
+        assert np.isnan(metrics.binary_f1(np.array([0, 1, 0, 0, 0]), labels))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # All positive predictions wrong: defined, and 0; a perfect prediction: 1.
+        assert metrics.binary_f1(np.array([0, 0]), np.array([1, 1])) == 0.0
+        assert metrics.binary_f1(np.array([1, 0]), np.array([1, 0])) == 1.0
