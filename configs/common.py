@@ -81,6 +81,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.phase2.weight_decay = 0.01  # AdamW decay on kernels and embeddings (never biases, LayerNorm)
     c.phase2.patience_evals = 0  # stop after this many evals without dev improvement; 0: off
 
+    c.final_params = "last"  # what results.json's `final` scores: "last" parameters, or "best" on dev
     c.max_grad_norm = 1.0  # clip the trainable leaves' global gradient norm to this; 0: off
     c.log_every_steps = 50  # training loss, gradient norm and examples/s to TensorBoard
     c.eval_every_steps = 500  # dev evaluation (and the phase-1 stop rules) every this many steps

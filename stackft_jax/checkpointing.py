@@ -171,6 +171,24 @@ class BestCheckpoint:
         self.workdir = Path(workdir).absolute()
         self.manager = _manager(self.workdir / "checkpoints" / "best", max_to_keep=1, async_save=async_save)
 
+    def __enter__(self) -> "BestCheckpoint":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def restore_latest(self, abstract_params: Any) -> tuple[int, Any] | None:
+        """(global step, parameters) of the newest readable best checkpoint, or None."""
+        return _newest_readable(
+            self.manager,
+            self.workdir,
+            lambda step: (
+                self.manager.restore(
+                    step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params))
+                ).params
+            ),
+        )
+
     def save(self, global_step: int, params: Any, meta: dict[str, Any]) -> None:
         self.manager.save(
             global_step,

@@ -72,6 +72,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         path = config.data[f"{split}_file"]
         if path and not Path(path).exists():
             raise FileNotFoundError(f"config.data.{split}_file: no such file: {path}")
+    if config.final_params not in ("last", "best"):
+        raise ValueError(f"config.final_params={config.final_params!r}: choose last or best")
     if config.model.init not in ("pretrained", "random"):
         raise ValueError(f"config.model.init={config.model.init!r}: choose pretrained or random")
     if config.model.dtype not in ("float32", "bfloat16"):
@@ -489,6 +491,23 @@ def run_phase(
     return state.params, record
 
 
+def _best_or_last(workdir: Path, last_params, best: dict, mesh: jax.sharding.Mesh) -> tuple[Any, str]:
+    """The best-on-dev parameters (checkpoints/best), or the last ones with a warning when the best
+    checkpoint is unreadable (it is then moved aside) or missing."""
+    abstract = checkpointing.abstract_like(last_params, sharding.replicated(mesh))
+    with checkpointing.BestCheckpoint(workdir, async_save=False) as best_checkpoint:
+        restored = best_checkpoint.restore_latest(abstract)
+    if restored is None or restored[0] != best.get("global_step"):
+        log.warning(
+            "config.final_params=best, but the best checkpoint (global step %s) is unreadable or "
+            "missing: scoring the last parameters instead",
+            best.get("global_step"),
+        )
+        return last_params, "last (best checkpoint unreadable)"
+    global_step, params = restored
+    return params, f"best (global step {global_step})"
+
+
 def run(
     config: ml_collections.ConfigDict, workdir: str | Path, *, allow_config_change: bool = False
 ) -> dict[str, Any]:
@@ -580,6 +599,9 @@ def _run(config: ml_collections.ConfigDict, workdir: Path, mesh: jax.sharding.Me
         global_offset += record["steps"]
 
     final_started = time.time()
+    scored = "last"
+    if config.final_params == "best":
+        params, scored = _best_or_last(workdir, params, best, mesh)
     final = {split: evaluate(ctx, params, split) for split in ("dev", "test") if split in datasets}
     results = {
         "config": config.to_dict(),
@@ -590,6 +612,7 @@ def _run(config: ml_collections.ConfigDict, workdir: Path, mesh: jax.sharding.Me
         "phases": records,
         "final": final,
         "best": best,
+        "final_params": scored,  # which parameters `final` scored: "last", or "best (global step N)"
         # Training and evaluation time summed over every process lifetime of this run (resumes too).
         "wall_time_s": sum(r["wall_time_s"] for r in records) + time.time() - final_started,
     }

@@ -1,6 +1,7 @@
 """Faults a long run meets: SIGKILL at random moments (during checkpoint writes too), damaged or missing
 checkpoint files, and NaN. Every rerun must end bit-identical to an uninterrupted run."""
 
+import json
 import random
 import signal
 import subprocess
@@ -90,3 +91,25 @@ def test_nan_stops_at_its_step_and_nothing_nan_is_saved(tmp_path):
         saved = checkpointer.restore(tmp_path / "checkpoints" / "phase1" / "1" / "state")
     assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(saved["params"]))
     assert int(saved["first_nonfinite_step"]) == -1
+
+
+def test_final_params_best_and_an_unreadable_best_checkpoint(uninterrupted, tmp_path, run_cli):
+    """final_params=best scores the best-on-dev parameters; when that checkpoint is damaged, a rerun
+    moves it aside and scores the last parameters, and says so in results.json."""
+    assert run_cli(tmp_path, "--config.final_params=best").returncode == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    best = results["best"]
+    assert results["final_params"] == f"best (global step {best['global_step']})"
+    assert results["final"]["dev"] == best["dev"]
+
+    (step_dir,) = (tmp_path / "checkpoints" / "best").glob("[0-9]*")
+    _truncate(_largest_file(step_dir / "params"))
+    proc = run_cli(tmp_path, "--config.final_params=best")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["final_params"] == "last (best checkpoint unreadable)"
+    last = json.loads((uninterrupted / "results.json").read_text())
+    assert results["final"] == last["final"] and last["final_params"] == "last"
+    assert [p.name.rsplit("-", 2)[0] for p in checkpointing.unreadable_dir(tmp_path).iterdir()] == [
+        f"best-{best['global_step']}"
+    ]
