@@ -41,9 +41,36 @@ METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
 }
 
 
-def compute_metrics(
-    names: Sequence[str], predictions: np.ndarray, labels: np.ndarray
-) -> dict[str, float]:
+def compute_metrics(names: Sequence[str], predictions: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     if len(predictions) != len(labels):
         raise ValueError(f"{len(predictions)} predictions for {len(labels)} labels")
     return {name: METRICS[name](predictions, labels) for name in names}
+
+
+def entity_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> dict[str, float]:
+    """Sequence labelling (IOB2 tag names per sentence): entity-level micro precision, recall and F1 by
+    seqeval in strict IOB2 mode (an entity counts only if its B-/I- tags are well formed and its span
+    and type match exactly), F1 per entity type (`f1_PER`, ...), and token accuracy. F1 is NaN, with a
+    warning, when neither side has an entity."""
+    from seqeval.metrics import accuracy_score
+    from seqeval.metrics.v1 import precision_recall_fscore_support, unique_labels
+    from seqeval.scheme import IOB2
+
+    if [len(s) for s in gold] != [len(s) for s in predicted]:
+        raise ValueError("gold and predicted tag sequences differ in number or length")
+    gold, predicted = [list(s) for s in gold], [list(s) for s in predicted]
+    scores = {"accuracy": float(accuracy_score(gold, predicted))}
+    types = sorted({tag[2:] for sentence in gold + predicted for tag in sentence if tag != "O"})
+    if not types:
+        warnings.warn("entity F1 is undefined: no entity in the gold or predicted tags", stacklevel=2)
+        return {"f1": float("nan"), "precision": float("nan"), "recall": float("nan"), **scores}
+    kwargs = {"scheme": IOB2, "mode": "strict", "zero_division": 0}
+    precision, recall, f1, _ = precision_recall_fscore_support(gold, predicted, average="micro", **kwargs)
+    scores.update(f1=float(f1), precision=float(precision), recall=float(recall))
+    per_type = precision_recall_fscore_support(gold, predicted, average=None, **kwargs)[2]
+    for name, value in zip(unique_labels(gold, predicted, IOB2), per_type, strict=True):
+        scores[f"f1_{name}"] = float(value)
+    return scores
+
+
+ENTITY_SCORING = "seqeval strict IOB2 (entity-level micro P/R/F1), token accuracy"

@@ -14,23 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from stackft_jax.data.tasks import Example, TaskSpec
+from stackft_jax.data.text_files import decoded_lines
 
 UNLABELED = -1
 _STSB_SCORE_RANGE = (0.0, 5.0)
-
-
-def _decoded_lines(path: Path) -> Iterator[str]:
-    """The file's lines as text, decoded one by one so that bad bytes are reported at their line; the
-    first line drops MRPC's UTF-8 BOM."""
-    with path.open("rb") as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(
-                    f"{path}:{number}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}); "
-                    "convert the file to UTF-8"
-                ) from None
 
 
 def _rows(path: str | Path, config_key: str) -> Iterator[tuple[int, list[str]]]:
@@ -38,7 +25,7 @@ def _rows(path: str | Path, config_key: str) -> Iterator[tuple[int, list[str]]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{config_key} = {str(path)!r}: no such file")
-    reader = csv.reader(_decoded_lines(path), delimiter="\t", quoting=csv.QUOTE_NONE)
+    reader = csv.reader(decoded_lines(path), delimiter="\t", quoting=csv.QUOTE_NONE)
     try:
         for fields in reader:
             if fields:
