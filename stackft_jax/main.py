@@ -85,11 +85,14 @@ def main(argv: list[str]) -> None:
     from stackft_jax import distributed
 
     if FLAGS.distributed or FLAGS.coordinator_address:
-        distributed.initialize(
-            coordinator_address=FLAGS.coordinator_address,
-            num_processes=FLAGS.num_processes,
-            process_id=FLAGS.process_id,
-        )
+        try:
+            distributed.initialize(
+                coordinator_address=FLAGS.coordinator_address,
+                num_processes=FLAGS.num_processes,
+                process_id=FLAGS.process_id,
+            )
+        except ValueError as error:  # an incomplete coordinator setting
+            raise SystemExit(f"error: {error}") from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("absl").setLevel(logging.WARNING)
 

@@ -115,3 +115,18 @@ def test_sigterm_to_one_process_saves_the_same_step_on_both(one_process, tmp_pat
 
     _finish(_start_pair(tmp_path))
     _assert_same_run(one_process, tmp_path)
+
+
+def test_coordinator_without_process_count_is_refused_before_starting(tmp_path):
+    env = _env(1)
+    env["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{_free_port()}"  # the environment form of the flag
+    env.pop("JAX_NUM_PROCESSES", None)
+    env.pop("JAX_PROCESS_ID", None)
+    proc = subprocess.run(
+        _command(tmp_path, "--process_id=0"), cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert (
+        "error: --coordinator_address=127.0.0.1:" in proc.stderr
+        and "needs --num_processes as well" in proc.stderr
+    )
