@@ -1,0 +1,143 @@
+"""Word-level sequences (NER) as BERT windows: sub-tokens, with the first sub-token of each word labelled.
+
+A window is `[CLS] sub-tokens [SEP]`, right-padded to `max_seq_length`. Per window:
+
+    input_ids, token_type_ids  [N, max_seq_length]   token_type_ids all 0 (one segment)
+    lengths                    [N]                   real tokens, [CLS] and [SEP] included
+    word_starts                [N, max_words]        position of each labelled word's first sub-token,
+                                                     packed left (padding 0); max_words = max_seq_length - 2
+    num_words                  [N]                   labelled words in the window
+    labels                     [N, max_words]        tag ids, -1 at padding
+    sentence_index, word_offset [N]                  the sentence, and its first word, the window labels
+
+No word is dropped: a sentence whose sub-tokens do not fit is split at word boundaries into several
+windows (their number is returned), a word with no sub-token becomes the unknown token, and a word
+longer than a window keeps its first sub-tokens (only the first is labelled). With `document_context`,
+the rest of each window is filled with the sub-tokens of the neighbouring sentences of the same document,
+half before and half after, unlabelled, as BERT's own NER setup did (Devlin et al. 2019, section 5.3).
+"""
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from stackft_jax.data.conll import Sentence
+
+PAD_LABEL = -1
+
+
+def word_piece_ids(tokenizer: PreTrainedTokenizerBase, words: Sequence[str]) -> dict[str, list[int]]:
+    """Each distinct word's sub-token ids (one batched tokenizer call); a word the tokenizer maps to
+    nothing (control characters, say) gets the unknown token."""
+    distinct = sorted(set(words))
+    encoded = tokenizer(distinct, add_special_tokens=False)["input_ids"] if distinct else []
+    return {word: ids or [tokenizer.unk_token_id] for word, ids in zip(distinct, encoded, strict=True)}
+
+
+def _chunks(pieces: list[list[int]], budget: int) -> list[tuple[int, int]]:
+    """[start, stop) word ranges whose sub-tokens fit `budget` (a too-long word alone, truncated)."""
+    ranges, start, used = [], 0, 0
+    for i, word in enumerate(pieces):
+        size = min(len(word), budget)
+        if used + size > budget and i > start:
+            ranges.append((start, i))
+            start, used = i, 0
+        used += size
+    ranges.append((start, len(pieces)))
+    return ranges
+
+
+def encode_sentences(
+    tokenizer: PreTrainedTokenizerBase,
+    sentences: Sequence[Sentence],
+    *,
+    tag_ids: Mapping[str, int],
+    max_seq_length: int,
+    document_context: bool = False,
+) -> tuple[dict[str, np.ndarray], int]:
+    """The windows' arrays (module docstring) and how many sentences had to be split."""
+    if max_seq_length < 3:
+        raise ValueError(f"max_seq_length={max_seq_length}: a window needs [CLS], a word and [SEP]")
+    budget = max_seq_length - 2
+    vocabulary = word_piece_ids(tokenizer, [word for sentence in sentences for word in sentence.words])
+    # Every window before context: (sentence, first word, its words' sub-tokens).
+    windows: list[tuple[int, int, list[list[int]]]] = []
+    num_split = 0
+    for index, sentence in enumerate(sentences):
+        pieces = [vocabulary[word][:budget] for word in sentence.words]
+        ranges = _chunks(pieces, budget)
+        num_split += len(ranges) > 1
+        windows.extend((index, start, pieces[start:stop]) for start, stop in ranges)
+
+    n = len(windows)
+    arrays = {
+        "input_ids": np.full((n, max_seq_length), tokenizer.pad_token_id, np.int32),
+        "token_type_ids": np.zeros((n, max_seq_length), np.int32),
+        "lengths": np.zeros(n, np.int32),
+        "word_starts": np.zeros((n, budget), np.int32),
+        "num_words": np.zeros(n, np.int32),
+        "labels": np.full((n, budget), PAD_LABEL, np.int32),
+        "sentence_index": np.zeros(n, np.int32),
+        "word_offset": np.zeros(n, np.int32),
+    }
+    flat = [[token for word in pieces for token in word] for _, _, pieces in windows]
+    for w, (index, start, pieces) in enumerate(windows):
+        left, right = (
+            _context(windows, flat, w, sentences, budget - len(flat[w])) if document_context else ([], [])
+        )
+        tokens = [tokenizer.cls_token_id, *left, *flat[w], *right, tokenizer.sep_token_id]
+        starts = np.cumsum([0] + [len(word) for word in pieces[:-1]]) + 1 + len(left)
+        words = sentences[index].tags[start : start + len(pieces)]
+        arrays["input_ids"][w, : len(tokens)] = tokens
+        arrays["lengths"][w] = len(tokens)
+        arrays["word_starts"][w, : len(pieces)] = starts
+        arrays["num_words"][w] = len(pieces)
+        arrays["labels"][w, : len(pieces)] = [tag_ids[tag] for tag in words]
+        arrays["sentence_index"][w] = index
+        arrays["word_offset"][w] = start
+    return arrays, num_split
+
+
+def _context(
+    windows: list[tuple[int, int, list[list[int]]]],
+    flat: list[list[int]],
+    w: int,
+    sentences: Sequence[Sentence],
+    room: int,
+) -> tuple[list[int], list[int]]:
+    """Sub-tokens of the same document's neighbouring windows: up to half of `room` before (the nearest
+    ones), the rest after; a side that runs out leaves its share to the other."""
+    document = sentences[windows[w][0]].document
+
+    def gather(indices) -> list[list[int]]:
+        collected, size = [], 0
+        for other in indices:
+            if sentences[windows[other][0]].document != document or size >= room:
+                break
+            collected.append(flat[other])
+            size += len(flat[other])
+        return collected
+
+    before = [t for tokens in reversed(gather(range(w - 1, -1, -1))) for t in tokens]
+    after = [t for tokens in gather(range(w + 1, len(windows))) for t in tokens]
+    take_before = min(len(before), max(room // 2, room - len(after)))
+    take_after = min(len(after), room - take_before)
+    return before[len(before) - take_before :], after[:take_after]
+
+
+def join_windows(
+    predictions: np.ndarray,
+    arrays: Mapping[str, np.ndarray],
+    sentences: Sequence[Sentence],
+) -> list[np.ndarray]:
+    """Per-window word predictions [N, max_words] -> one array per sentence, every word exactly once."""
+    joined = [np.full(len(sentence.words), PAD_LABEL, predictions.dtype) for sentence in sentences]
+    for row, index, offset, count in zip(
+        predictions, arrays["sentence_index"], arrays["word_offset"], arrays["num_words"], strict=True
+    ):
+        joined[index][offset : offset + count] = row[:count]
+    uncovered = [i for i, words in enumerate(joined) if (words == PAD_LABEL).any()]
+    if uncovered:
+        raise ValueError(f"the windows leave words of sentences {uncovered[:5]} without a prediction")
+    return joined
