@@ -24,10 +24,6 @@ def path_str(path: tuple) -> str:
     return "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
 
 
-def param_paths(params: Params) -> list[str]:
-    return [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-
-
 def label_params(params: Params, rules: Sequence[tuple[str, str]]) -> Params:
     """A tree of group names, one per leaf: the group of the first rule whose regex fully matches."""
     compiled = [(re.compile(pattern), group) for pattern, group in rules]

@@ -52,7 +52,6 @@ class Context:
     task: tasks.TaskSpec
     datasets: dict[str, tokenization.TokenizedDataset]
     graphdef: nnx.GraphDef
-    num_layers: int
     buckets: tuple[int, ...]
     global_batch_size: int
     eval_global_batch_size: int
@@ -558,7 +557,6 @@ def _run(config: ml_collections.ConfigDict, workdir: Path, mesh: jax.sharding.Me
         task=task,
         datasets=datasets,
         graphdef=graphdef,
-        num_layers=bert_config.num_hidden_layers,
         buckets=batching.length_buckets(config.max_seq_length),
         global_batch_size=global_batch,
         eval_global_batch_size=sharding.global_batch_size(config.eval_per_device_batch_size, mesh),
