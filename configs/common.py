@@ -30,14 +30,20 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.model = ml_collections.ConfigDict()
     c.model.name_or_path = "bert-base-uncased"  # hub id, local folder, or "embedded:minilm"
-    c.model.init = "pretrained"  # or "random": BERT config and tokenizer from name_or_path, random weights
+    c.model.init = "pretrained"  # pretrained | random (name_or_path's config and tokenizer, random weights)
     c.model.allow_pickle = False  # load pytorch_model.bin (unpickling runs code) when no safetensors
     c.model.dtype = "float32"  # compute dtype; "bfloat16" on TPU/GPU (parameters stay float32)
     c.model.scalar_mix = False  # heads see a learned mix of all BERT layers instead of the last
     c.model.dropout_rate = placeholder(float)  # overrides BERT's hidden/attention dropout when set
-    # Non-zero values replace config.json's (tiny random models for tests; need model.init=random).
+    # Architecture: a non-zero value replaces config.json's (tiny random models for tests; needs
+    # model.init=random).
     c.model.config_overrides = ml_collections.ConfigDict(
-        {"hidden_size": 0, "num_hidden_layers": 0, "num_attention_heads": 0, "intermediate_size": 0}
+        {
+            "hidden_size": 0,  # width of every layer; 0: config.json's
+            "num_hidden_layers": 0,  # transformer layers; 0: config.json's
+            "num_attention_heads": 0,  # attention heads per layer; 0: config.json's
+            "intermediate_size": 0,  # feed-forward width; 0: config.json's
+        }
     )
 
     c.head = default_head_configs()  # one block of options per head (stackft_jax/models/heads/)

@@ -28,7 +28,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     items = common.expand_shorthands(arg)
     task = dict(i.split("=", 1) for i in items if "=" in i).get("data.task", "sst2")
     if task not in TASK_DEFAULTS:
-        raise config_cli.ConfigError(f"configs/glue.py: task={task!r}; choose one of {sorted(TASK_DEFAULTS)}")
+        raise config_cli.ConfigError(
+            f"config key 'data.task' takes one of {sorted(TASK_DEFAULTS)} in configs/glue.py, not {task!r}"
+        )
     c.data.task = task
     for key, value in TASK_DEFAULTS[task].items():
         common.apply_arg(c, f"{key}={value}", {})

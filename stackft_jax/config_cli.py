@@ -6,14 +6,16 @@ defaults) follows the key however it was set. Order: the file's defaults, then t
 right (presets are functions of the file), then the `--config.` flags left to right; later wins.
 
 Values: booleans take only true/false/1/0/yes/no (any case); ints take integers; floats take numbers
-(also into `placeholder(float)` keys); strings take anything; `none` empties a placeholder.
+(finite; also into `placeholder(float)` keys); strings take anything; `none` empties a placeholder.
 A value cannot contain a comma (the `:` list is comma-separated).
 """
 
 import ast
 import difflib
 import importlib.util
+import inspect
 import io
+import math
 import sys
 import tokenize
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -74,19 +76,30 @@ def parse_value(key: str, field_type: type, text: str, *, nullable: bool = False
             raise ConfigError(f"config key '{key}' takes an integer, not {text!r}") from None
     if field_type is float:
         try:
-            return float(text)
+            value = float(text)
         except ValueError:
-            raise ConfigError(f"config key '{key}' takes a number, not {text!r}") from None
+            value = math.nan
+        if not math.isfinite(value):  # nan and inf are typos here, never a setting
+            raise ConfigError(f"config key '{key}' takes a finite number, not {text!r}")
+        return value
     if field_type is str:
         return text
     raise ConfigError(f"config key '{key}' holds a {field_type.__name__}: set it in a config file")
 
 
-def set_value(config: ml_collections.ConfigDict, key: str, text: str) -> None:
+def _parse_item(
+    config: ml_collections.ConfigDict, key: str, text: str
+) -> tuple[ml_collections.ConfigDict, str, Any]:
+    """(parent block, leaf name, typed value) of `key=text`."""
     parent, leaf = _parent_and_leaf(config, key)
     # Placeholders (`placeholder(float)`: unset until given) are the keys that may be None.
     nullable = isinstance(parent._fields[leaf], ml_collections.FieldReference)
-    parent[leaf] = parse_value(key, parent.get_type(leaf), text, nullable=nullable)
+    return parent, leaf, parse_value(key, parent.get_type(leaf), text, nullable=nullable)
+
+
+def set_value(config: ml_collections.ConfigDict, key: str, text: str) -> None:
+    parent, leaf, value = _parse_item(config, key, text)
+    parent[leaf] = value
 
 
 def items_of(arg: str | None) -> list[str]:
@@ -136,37 +149,74 @@ def load(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
     module_spec = importlib.util.spec_from_file_location(f"_stackft_config_{Path(path).stem}", path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
-    config = module.get_config(",".join(filter(None, [arg, *overrides])) or None)
+    items = ",".join(filter(None, [arg, *overrides]))
+    config = module.get_config(items or None)
+    _check_applied(config, path, items)
     config.lock()
     return config
 
 
-def key_comments() -> dict[str, str]:
-    """{key: comment} from configs/common.py, where every default is set once: the comment at the end
-    of a `c.KEY = ...` statement, else the comment lines just above it."""
-    source_path = Path(__file__).resolve().parent.parent / "configs" / "common.py"
-    source = source_path.read_text()
-    comments = {
-        token.start[0]: token.string.lstrip("# ").rstrip()
-        for token in tokenize.generate_tokens(io.StringIO(source).readline)
-        if token.type == tokenize.COMMENT
-    }
-    found = {}
-    for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
-            continue
-        name = ast.unparse(node.targets[0])
-        if not name.startswith("c."):
-            continue
-        trailing = [comments[line] for line in range(node.lineno, node.end_lineno + 1) if line in comments]
-        above, line = [], node.lineno - 1
-        while line in comments:
-            above.insert(0, comments[line])
+def _check_applied(config: ml_collections.ConfigDict, path: str, items: str) -> None:
+    """Each `key=value` after the last preset must hold in the result: a config file whose
+    get_config(arg) does not apply its `arg` would otherwise drop them without a word."""
+    listed = items_of(items)
+    after_presets = listed[max((i + 1 for i, item in enumerate(listed) if "=" not in item), default=0) :]
+    for key, text in dict(item.split("=", 1) for item in after_presets).items():
+        parent, leaf, value = _parse_item(config, key, text)
+        if parent[leaf] != value:
+            raise ConfigError(
+                f"{path}: get_config(arg) did not apply '{key}={text}'; give arg to common.apply_arg"
+            )
+
+
+def source_comments(path: Path) -> dict[str, str]:
+    """{name: comment} for each `c.NAME = ...` statement and each `"NAME": value` dict entry of a Python
+    file: the comment ending its last line, else the full-line comments just above it. A dict entry
+    inside a `c.NAME = ...` statement is named NAME.KEY."""
+    source = path.read_text()
+    trailing, full_line = {}, {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            code_before = token.line[: token.start[1]].strip()
+            (trailing if code_before else full_line)[token.start[0]] = token.string.lstrip("# ").rstrip()
+
+    def comment(first_line: int, last_line: int) -> str | None:
+        if last_line in trailing:
+            return trailing[last_line]
+        above, line = [], first_line - 1
+        while line in full_line:
+            above.insert(0, full_line[line])
             line -= 1
-        text = " ".join(trailing or above)
-        if text:
-            found[name[2:]] = text
-    return found
+        return " ".join(above) or None
+
+    found, dict_prefix = {}, {}
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = ast.unparse(node.targets[0])
+            if target.startswith("c."):
+                found[target[2:]] = comment(node.lineno, node.end_lineno)
+                dict_prefix.update(
+                    {id(d): f"{target[2:]}." for d in ast.walk(node.value) if isinstance(d, ast.Dict)}
+                )
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                    found[dict_prefix.get(id(node), "") + key.value] = comment(key.lineno, value.end_lineno)
+    return {name: text for name, text in found.items() if text}
+
+
+def key_comments() -> dict[str, str]:
+    """{key: comment}, each read from where the key's default is set: configs/common.py, and each head's
+    module for `head.<name>.*`."""
+    from stackft_jax.models.heads import HEADS  # imports flax: only when the comments are wanted
+
+    comments = source_comments(Path(__file__).resolve().parent.parent / "configs" / "common.py")
+    for name, (default_config, _) in HEADS.items():
+        head_comments = source_comments(Path(inspect.getsourcefile(default_config)))
+        comments.update({f"head.{name}.{key}": text for key, text in head_comments.items()})
+    return comments
 
 
 def show(config: ml_collections.ConfigDict, out=None) -> None:
@@ -175,8 +225,5 @@ def show(config: ml_collections.ConfigDict, out=None) -> None:
     comments = key_comments()
     for key in flat_keys(config):
         parent, leaf = _parent_and_leaf(config, key)
-        # A key inside a block set as a whole (head.<name>.*, model.config_overrides.*) shows the block's.
-        prefixes = [key.rsplit(".", n)[0] for n in range(key.count(".") + 1)]
-        comment = next((comments[p] for p in prefixes if p in comments), None)
         line = f"{key} = {parent[leaf]!r}"
-        print(f"{line:<60}  # {comment}" if comment else line, file=out)
+        print(f"{line:<60}  # {comments[key]}" if key in comments else line, file=out)

@@ -7,6 +7,7 @@ as `--config=FILE.py:preset,key=value` or `--config.key=value` (config_cli.py); 
 import logging
 import os
 import sys
+from typing import NoReturn
 
 from absl import app, flags
 
@@ -54,11 +55,17 @@ flags.DEFINE_bool(
 )
 
 
+def _config_error(error: Exception) -> NoReturn:
+    """A config the user fixes on the command line: one line, exit status 2 (a usage error)."""
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(2)
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
     try:
         _OVERRIDES[:], rest = config_cli.split_override_flags(argv)
     except config_cli.ConfigError as error:
-        raise SystemExit(f"error: {error}") from None
+        _config_error(error)
     return app.parse_flags_with_usage(rest)
 
 
@@ -70,8 +77,7 @@ def main(argv: list[str]) -> None:
     try:
         config = config_cli.load(FLAGS.config, _OVERRIDES)
     except config_cli.ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        _config_error(error)
     if FLAGS.show_config:
         config_cli.show(config)
         return
@@ -98,6 +104,10 @@ def main(argv: list[str]) -> None:
 
     from stackft_jax import train, workdirs
 
+    try:
+        train.check_config(config)  # values out of range or choice, missing files: named, no traceback
+    except (ValueError, FileNotFoundError) as error:
+        _config_error(error)
     logging.info("JAX process %d/%d, devices: %s", jax.process_index(), jax.process_count(), jax.devices())
     try:
         results = train.run(config, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)

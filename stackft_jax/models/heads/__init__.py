@@ -1,6 +1,7 @@
 """Task heads, chosen by name (`config.head.name`).
 
-Adding a head: write `heads/<name>.py` with a `default_config()` and an `nnx.Module` whose constructor is
+Adding a head: write `heads/<name>.py` with a `default_config()` (a dict literal, each entry with a
+trailing `#` comment: `--show_config` prints it) and an `nnx.Module` whose constructor is
 `(config, *, hidden_size, num_outputs, dropout_rate, dtype, rngs)` and whose call is
 `(features: Features, *, deterministic, rngs) -> [batch, num_outputs]` logits; then add one line below.
 """

@@ -37,11 +37,11 @@ def default_config() -> ml_collections.ConfigDict:
     # authors' code.
     return ml_collections.ConfigDict(
         {
-            "use_context_lstm": True,
-            "context_lstm_units": 100,
-            "num_perspectives": 20,
-            "aggregation_lstm_units": 100,
-            "mlp_hidden_dim": 200,
+            "use_context_lstm": True,  # a BiLSTM over the BERT states before matching
+            "context_lstm_units": 100,  # units per direction of that context BiLSTM
+            "num_perspectives": 20,  # perspectives l of each matching strategy
+            "aggregation_lstm_units": 100,  # units per direction of the aggregation BiLSTM
+            "mlp_hidden_dim": 200,  # width of the tanh layer before the output
         }
     )
 
@@ -251,9 +251,7 @@ class BiMpmHead(nnx.Module):
             self.matching.output_dim, config.aggregation_lstm_units, dtype=dtype, rngs=rngs
         )
         self.dropout = Dropout(dropout_rate)
-        self.hidden = Dense(
-            4 * config.aggregation_lstm_units, config.mlp_hidden_dim, dtype=dtype, rngs=rngs
-        )
+        self.hidden = Dense(4 * config.aggregation_lstm_units, config.mlp_hidden_dim, dtype=dtype, rngs=rngs)
         self.output = Dense(config.mlp_hidden_dim, num_outputs, dtype=dtype, rngs=rngs)
 
     def __call__(self, features: Features, *, deterministic: bool, rngs: nnx.Rngs | None = None) -> jax.Array:

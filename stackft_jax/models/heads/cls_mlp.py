@@ -11,7 +11,9 @@ from stackft_jax.models.features import Features
 
 
 def default_config() -> ml_collections.ConfigDict:
-    return ml_collections.ConfigDict({"hidden_dim": 256})
+    return ml_collections.ConfigDict(
+        {"hidden_dim": 256}  # width of the tanh layer between [CLS] and the output
+    )
 
 
 class ClsMlpHead(nnx.Module):
@@ -31,9 +33,7 @@ class ClsMlpHead(nnx.Module):
         self.hidden = Dense(hidden_size, config.hidden_dim, dtype=dtype, rngs=rngs)
         self.output = Dense(config.hidden_dim, num_outputs, dtype=dtype, rngs=rngs)
 
-    def __call__(
-        self, features: Features, *, deterministic: bool, rngs: nnx.Rngs | None = None
-    ) -> jax.Array:
+    def __call__(self, features: Features, *, deterministic: bool, rngs: nnx.Rngs | None = None) -> jax.Array:
         x = features.sequence[:, 0]
         x = self.dropout(x, deterministic=deterministic, rngs=rngs)
         x = jnp.tanh(self.hidden(x))

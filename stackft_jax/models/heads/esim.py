@@ -29,7 +29,12 @@ from stackft_jax.models.heads.pair_ops import (
 
 
 def default_config() -> ml_collections.ConfigDict:
-    return ml_collections.ConfigDict({"lstm_units": 300, "mlp_hidden_dim": 300})
+    return ml_collections.ConfigDict(
+        {
+            "lstm_units": 300,  # units per direction of the input and composition BiLSTMs
+            "mlp_hidden_dim": 300,  # width of the tanh layer before the output
+        }
+    )
 
 
 def _masked_softmax(scores: jax.Array, mask: jax.Array, axis: int) -> jax.Array:
@@ -59,9 +64,7 @@ class EsimHead(nnx.Module):
         self.hidden = Dense(4 * 2 * units, config.mlp_hidden_dim, dtype=dtype, rngs=rngs)
         self.output = Dense(config.mlp_hidden_dim, num_outputs, dtype=dtype, rngs=rngs)
 
-    def __call__(
-        self, features: Features, *, deterministic: bool, rngs: nnx.Rngs | None = None
-    ) -> jax.Array:
+    def __call__(self, features: Features, *, deterministic: bool, rngs: nnx.Rngs | None = None) -> jax.Array:
         def drop(x: jax.Array) -> jax.Array:
             return self.dropout(x, deterministic=deterministic, rngs=rngs)
 

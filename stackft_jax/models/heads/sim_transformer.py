@@ -30,14 +30,14 @@ from stackft_jax.models.heads.pair_ops import (
 def default_config() -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(
         {
-            "use_context_lstm": True,
-            "context_lstm_units": 100,
-            "num_perspectives": 20,
-            "model_dim": 128,
-            "num_layers": 2,
-            "num_heads": 4,
-            "ff_dim": 512,
-            "mlp_hidden_dim": 200,
+            "use_context_lstm": True,  # a BiLSTM over the BERT states before matching
+            "context_lstm_units": 100,  # units per direction of that context BiLSTM
+            "num_perspectives": 20,  # perspectives l of each matching strategy
+            "model_dim": 128,  # width of the transformer the matching vectors are projected to
+            "num_layers": 2,  # transformer encoder layers
+            "num_heads": 4,  # attention heads per layer
+            "ff_dim": 512,  # feed-forward width inside each layer
+            "mlp_hidden_dim": 200,  # width of the tanh layer before the output
         }
     )
 
@@ -122,9 +122,7 @@ class SimTransformerHead(nnx.Module):
         self.hidden = Dense(4 * dim, config.mlp_hidden_dim, dtype=dtype, rngs=rngs)
         self.output = Dense(config.mlp_hidden_dim, num_outputs, dtype=dtype, rngs=rngs)
 
-    def __call__(
-        self, features: Features, *, deterministic: bool, rngs: nnx.Rngs | None = None
-    ) -> jax.Array:
+    def __call__(self, features: Features, *, deterministic: bool, rngs: nnx.Rngs | None = None) -> jax.Array:
         p, q = split_pair(features, self.dtype)
         match_p, match_q = self.matching(p, q, deterministic=deterministic, rngs=rngs)
         mask = stack_pair(p.mask, q.mask)
