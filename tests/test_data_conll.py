@@ -1,35 +1,20 @@
 """CoNLL-2003 reading (IOB1 and IOB2 in, IOB2 out, documents, errors at file:line) and entity scores."""
 
+import hashlib
 import warnings
 from pathlib import Path
 
+import datasets
 import numpy as np
 import pytest
+import seqeval.metrics
 
 from stackft_jax import metrics
 from stackft_jax.data import conll
+from stackft_jax.data.samples import sample_path
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "conll2003"
-
-# Invented sentences in the original layout, IOB1 tags: "Ada Byron" starts with I-, and two adjacent
-# locations are told apart by B-LOC.
-IOB1_FILE = """-DOCSTART- -X- O O
-
-Ada NNP I-NP I-PER
-Byron NNP I-NP I-PER
-visited VBD I-VP O
-Paris NNP I-NP I-LOC
-Texas NNP I-NP B-LOC
-. . O O
-
-Zorblax NNP I-NP I-ORG
-rose VBD I-VP O
-
--DOCSTART- -X- O O
-
-Nothing NN I-NP O
-happened VBD I-VP O
-"""
+FIXTURES = Path(__file__).parent / "fixtures" / "conll"
 
 
 def _write(tmp_path: Path, text: str | bytes, name: str = "train.txt") -> Path:
@@ -38,18 +23,44 @@ def _write(tmp_path: Path, text: str | bytes, name: str = "train.txt") -> Path:
     return path
 
 
-def test_iob1_file_reads_as_iob2_sentences_with_documents(tmp_path):
-    sentences = conll.read_conll(_write(tmp_path, IOB1_FILE), config_key="data.train_file")
-    assert [s.words for s in sentences] == [
-        ("Ada", "Byron", "visited", "Paris", "Texas", "."),
-        ("Zorblax", "rose"),
-        ("Nothing", "happened"),
+# tests/fixtures/conll/iob1.txt and iob2.txt hold the same invented sentences, tagged IOB1 (entities
+# start with I-; B- only between adjacent entities of one type) and IOB2. Worked out by hand:
+FIXTURE_WORDS = [
+    ("Ada", "Quillon", "joined", "Veltrix", "Holdings", "in", "Port", "Aster", "."),
+    ("Squad", ":", "Mara", "Vasky", "Teodor", "Barrow", "Orlin", "."),
+    ("Kestrel", "Airways", "Lisbon", "flights", "resumed", "."),
+    ("Norwegian", "Swedish", "talks"),
+]
+FIXTURE_IOB2 = [
+    ("B-PER", "I-PER", "O", "B-ORG", "I-ORG", "O", "B-LOC", "I-LOC", "O"),
+    ("O", "O", "B-PER", "I-PER", "B-PER", "I-PER", "B-PER", "O"),  # three people side by side
+    ("B-ORG", "I-ORG", "B-LOC", "O", "O", "O"),  # IOB1 I-LOC right after I-ORG starts an entity
+    ("B-MISC", "B-MISC", "O"),
+]
+
+
+@pytest.mark.parametrize("scheme", ["iob1", "iob2"])
+def test_both_tag_schemes_read_as_the_same_iob2_sentences(scheme):
+    sentences = conll.read_conll(FIXTURES / f"{scheme}.txt", config_key="data.train_file")
+    assert [s.words for s in sentences] == FIXTURE_WORDS
+    assert [s.tags for s in sentences] == FIXTURE_IOB2
+    assert [s.document for s in sentences] == [0, 0, 1, 1]
+    assert [s.index for s in sentences] == [0, 1, 2, 3]
+    digest = hashlib.sha256("\x00".join(FIXTURE_WORDS[2]).encode()).hexdigest()[:8]
+    assert sentences[2].key == f"2-{digest}"
+    assert len({s.key for s in sentences}) == 4
+
+
+def test_sentences_before_the_first_docstart_form_document_zero(tmp_path):
+    text = "Ada I-PER\n\n-DOCSTART- O\n\n-DOCSTART- O\n\nBob I-PER\n\nCarl I-PER\n-DOCSTART- O\nDan I-PER\n"
+    sentences = conll.read_conll(_write(tmp_path, text), config_key="k")
+    # An empty document (two -DOCSTART- in a row) takes no number; -DOCSTART- also ends a sentence.
+    assert [(s.words, s.document) for s in sentences] == [
+        (("Ada",), 0),
+        (("Bob",), 1),
+        (("Carl",), 1),
+        (("Dan",), 2),
     ]
-    assert sentences[0].tags == ("B-PER", "I-PER", "O", "B-LOC", "B-LOC", "O")
-    assert sentences[1].tags == ("B-ORG", "O")
-    assert [s.document for s in sentences] == [0, 0, 1]
-    assert [s.index for s in sentences] == [0, 1, 2]
-    assert sentences[0].key.startswith("0-") and sentences[0].key != sentences[1].key
 
 
 def test_to_iob2():
@@ -81,6 +92,8 @@ def test_two_column_files_and_files_without_docstart(tmp_path):
         ),
         ("Ada NNP I-NP PER\n", r"train.txt:1: tag 'PER' is not IOB"),
         ("Ada NNP I-NP B-PERSON\n", r"train.txt:1: unknown tag 'B-PERSON'"),
+        ("Ada NNP I-NP I-PER\n\nBob NNP I-NP I-per\n", r"train.txt:3: unknown tag 'I-per'"),
+        ("Ada NNP I-NP B-\n", r"train.txt:1: tag 'B-' is not IOB"),
         ("Ada\n", r"train.txt:1: expected `token POS chunk NER` or `token NER`"),
         ("-DOCSTART- -X- O O\n\n", r"data.train_file = '.*train.txt': the file holds no sentences"),
     ],
@@ -97,12 +110,68 @@ def test_non_utf8_and_missing_files(tmp_path):
         conll.read_conll(tmp_path / "nope.txt", config_key="data.dev_file")
 
 
-def test_hugging_face_rows():
-    rows = {"tokens": [["Ada", "spoke"], ["In", "Paris"]], "ner_tags": [[1, 0], [0, 5]]}
+# The columns and feature types of the Hugging Face `conll2003` dataset, with two invented rows.
+HF_FEATURES = datasets.Features(
+    {
+        "id": datasets.Value("string"),
+        "tokens": datasets.Sequence(datasets.Value("string")),
+        "pos_tags": datasets.Sequence(datasets.ClassLabel(names=["NNP", "VBD", "IN", "."])),
+        "chunk_tags": datasets.Sequence(datasets.ClassLabel(names=["O", "B-NP", "B-VP", "B-PP"])),
+        "ner_tags": datasets.Sequence(datasets.ClassLabel(names=list(conll.TAGS))),
+    }
+)
+
+
+def test_hugging_face_rows_take_tag_names_from_the_features():
+    rows = datasets.Dataset.from_dict(
+        {
+            "id": ["0", "1"],
+            "tokens": [["Ada", "Quillon", "spoke"], ["In", "Port", "Aster", "."]],
+            "pos_tags": [[0, 0, 1], [2, 0, 0, 3]],
+            "chunk_tags": [[1, 1, 2], [3, 1, 1, 0]],
+            "ner_tags": [[1, 2, 0], [0, 5, 6, 0]],
+        },
+        features=HF_FEATURES,
+    )
     with pytest.warns(UserWarning, match="no document boundaries"):
-        sentences = conll.sentences_from_hf(rows, conll.TAGS)
-    assert [s.tags for s in sentences] == [("B-PER", "O"), ("O", "B-LOC")]
-    assert [s.document for s in sentences] == [-1, -1]
+        sentences = conll.sentences_from_hf(rows)
+    assert [s.words for s in sentences] == [("Ada", "Quillon", "spoke"), ("In", "Port", "Aster", ".")]
+    assert [s.tags for s in sentences] == [("B-PER", "I-PER", "O"), ("O", "B-LOC", "I-LOC", "O")]
+    assert [s.document for s in sentences] == [conll.NO_DOCUMENT] * 2
+    assert [s.index for s in sentences] == [0, 1]
+
+
+def test_hugging_face_columns_are_read_by_tag_name_not_id():
+    # Another class order: ids mean what `tag_names` says; an I- opening an entity still becomes B-.
+    names = ["I-LOC", "O", "I-PER", "B-PER"]
+    rows = {"tokens": [["Ada", "Quillon", "in", "Aster"]], "ner_tags": [[3, 2, 1, 0]]}
+    with pytest.warns(UserWarning):
+        sentences = conll.sentences_from_hf(rows, names)
+    assert sentences[0].tags == ("B-PER", "I-PER", "O", "B-LOC")
+    with pytest.raises(ValueError, match=r"dataset row 0: 2 tokens with ner_tags \[0, 4\]; .* \[0, 4\)"):
+        conll.sentences_from_hf({"tokens": [["a", "b"]], "ner_tags": [[0, 4]]}, names)
+    with pytest.raises(ValueError, match=r"dataset row 0: 2 tokens with ner_tags \[-1, 0\]"):
+        conll.sentences_from_hf({"tokens": [["a", "b"]], "ner_tags": [[-1, 0]]}, names)
+    with pytest.raises(ValueError, match=r"dataset row 0: 2 tokens with ner_tags \[0\]"):
+        conll.sentences_from_hf({"tokens": [["a", "b"]], "ner_tags": [[0]]}, names)
+    with pytest.raises(ValueError, match=r"tag names \['B-PERSON'\] are not CoNLL-2003 tags"):
+        conll.sentences_from_hf({"tokens": [], "ner_tags": []}, ["O", "B-PERSON"])
+
+
+def test_packaged_sample_is_iob1_with_every_entity_type():
+    train = conll.read_conll(sample_path("conll_train.txt"), config_key="data.train_file")
+    dev = conll.read_conll(sample_path("conll_dev.txt"), config_key="data.dev_file")
+    assert (len(train), len(dev)) == (402, 101)
+    assert (train[-1].document + 1, dev[-1].document + 1) == (71, 18)
+    for sentences in (train, dev):
+        assert {tag[2:] for s in sentences for tag in s.tags if tag != "O"} == {"PER", "ORG", "LOC", "MISC"}
+    raw_tags = [line.split()[-1] for line in sample_path("conll_train.txt").read_text().splitlines() if line]
+    # IOB1: B- only between adjacent same-type entities, so far fewer B- tags than entities.
+    assert (
+        0 < sum(t.startswith("B-") for t in raw_tags) < sum(t.startswith("B-") for s in train for t in s.tags)
+    )
+    assert any(s.words[0].isupper() and len(s.words[0]) > 1 for s in train)  # upper-case headlines
+    assert any(s.words[0].islower() and s.tags[0] != "O" for s in train)  # lower-cased sentences
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="the shared CoNLL-2003 files are not on this machine")
@@ -135,7 +204,8 @@ def test_entity_scores_on_hand_worked_sentences():
     assert scores["f1"] == pytest.approx(2 * (2 / 3) * (1 / 2) / (2 / 3 + 1 / 2))
     assert scores["accuracy"] == pytest.approx(6 / 8)
     assert (scores["f1_PER"], scores["f1_MISC"], scores["f1_LOC"], scores["f1_ORG"]) == (1.0, 1.0, 0.0, 0.0)
-    # conlleval-style (default) seqeval would count the leading I-ORG as an ORG entity: strict does not.
+    # conlleval-style (default) seqeval counts the leading I-ORG as an ORG entity: strict does not.
+    assert seqeval.metrics.f1_score([["B-ORG"]], [["I-ORG"]]) == 1.0
     strict_org = metrics.entity_scores([["B-ORG"]], [["I-ORG"]])
     assert strict_org["f1"] == 0.0 and strict_org["accuracy"] == 0.0
 

@@ -1,6 +1,8 @@
 """Word sequences as BERT windows: first sub-token alignment, split and joined sentences, unknown-token
 words, and document context."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
@@ -10,6 +12,7 @@ from stackft_jax.data.conll import Sentence
 from stackft_jax.models import bert
 
 TAG_IDS = {tag: i for i, tag in enumerate(conll.TAGS)}
+SHARED_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "conll2003" / "eng.testa"
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +90,81 @@ def test_document_context_is_balanced_and_bounded(tokenizer):
     assert (arrays["lengths"] == 12).all()  # room filled from both sides or the one that has some
     starts = arrays["word_starts"][2][:6]
     assert starts[0] - 1 == 2 and 12 - 1 - (starts[-1] + 1) == 2  # 4 tokens of room: 2 before, 2 after
+
+
+def test_alignment_matches_the_tokenizer_on_whole_sentences(tokenizer):
+    # Accents, hyphens, apostrophes, numbers and punctuation: words of several sub-tokens.
+    words = "Iván O'Neill-Barrow scored 3-6 at Veldhaven's 2024-11-09 Harbour-Regatta ( Zürich ) .".split()
+    sentence = Sentence(tuple(words), ("O",) * len(words), 0, 0)
+    arrays, _ = word_pieces.encode_sentences(tokenizer, [sentence], tag_ids=TAG_IDS, max_seq_length=64)
+    reference = tokenizer(words, is_split_into_words=True)
+    assert arrays["input_ids"][0][: arrays["lengths"][0]].tolist() == reference["input_ids"]
+    word_ids = reference.word_ids()
+    first_sub_tokens = [word_ids.index(w) for w in range(len(words))]
+    assert arrays["word_starts"][0][: len(words)].tolist() == first_sub_tokens
+    assert len(reference["input_ids"]) > len(words) + 8  # many words really are split
+
+
+def test_sentences_without_a_document_get_no_context(tokenizer):
+    sentences = [
+        Sentence(("Ada", "spoke"), ("B-PER", "O"), conll.NO_DOCUMENT, 0),
+        Sentence(("Bob", "listened"), ("B-PER", "O"), conll.NO_DOCUMENT, 1),
+    ]
+    with pytest.warns(UserWarning, match="some sentences have no document"):
+        arrays, _ = word_pieces.encode_sentences(
+            tokenizer, sentences, tag_ids=TAG_IDS, max_seq_length=16, document_context=True
+        )
+    assert arrays["lengths"].tolist() == [4, 4]  # [CLS] word word [SEP]: no neighbour joined in
+
+
+def test_join_refuses_missing_repeated_and_miscounted_windows(tokenizer):
+    sentences = [_sentence("a b c", "O O O", index=0), _sentence("d e", "O O", index=1)]
+    arrays, _ = word_pieces.encode_sentences(tokenizer, sentences, tag_ids=TAG_IDS, max_seq_length=8)
+    predictions = arrays["labels"]
+    # A padded eval batch that still carries a copy of window 0:
+    padded = {key: np.concatenate([value, value[:1]]) for key, value in arrays.items()}
+    with pytest.raises(ValueError, match=r"sentences \[0\] are in more than one window"):
+        word_pieces.join_windows(np.concatenate([predictions, predictions[:1]]), padded, sentences)
+    only_first = {key: value[:1] for key, value in arrays.items()}
+    with pytest.raises(ValueError, match=r"sentences \[1\] without a prediction"):
+        word_pieces.join_windows(predictions[:1], only_first, sentences)
+    with pytest.raises(ValueError, match="1 prediction rows for 2 windows"):
+        word_pieces.join_windows(predictions[:1], arrays, sentences)
+
+
+@pytest.mark.skipif(not SHARED_DEV.is_file(), reason="the shared CoNLL-2003 files are not on this machine")
+def test_real_dev_split_matches_the_tokenizer_and_round_trips(tokenizer):
+    sentences = conll.read_conll(SHARED_DEV, config_key="data.dev_file")
+    arrays, num_split = word_pieces.encode_sentences(tokenizer, sentences, tag_ids=TAG_IDS, max_seq_length=64)
+    assert num_split > 0  # at 64 tokens some sentences must be split
+    assert (arrays["lengths"] <= 64).all()
+    # Every window of a sentence that was not split is exactly the tokenizer's own encoding of it.
+    reference = tokenizer([list(s.words) for s in sentences], is_split_into_words=True)
+    whole = np.bincount(arrays["sentence_index"]) == 1
+    rows = {int(i): row for row, i in enumerate(arrays["sentence_index"])}
+    for i in np.flatnonzero(whole):
+        row, word_ids = rows[i], reference.word_ids(int(i))
+        assert arrays["input_ids"][row][: arrays["lengths"][row]].tolist() == reference["input_ids"][i]
+        starts = [word_ids.index(w) for w in range(len(sentences[i].words))]
+        assert arrays["word_starts"][row][: len(starts)].tolist() == starts
+    joined = word_pieces.join_windows(arrays["labels"], arrays, sentences)
+    assert [j.tolist() for j in joined] == [[TAG_IDS[t] for t in s.tags] for s in sentences]
+
+
+@pytest.mark.skipif(not SHARED_DEV.is_file(), reason="the shared CoNLL-2003 files are not on this machine")
+def test_real_dev_split_with_document_context(tokenizer):
+    sentences = conll.read_conll(SHARED_DEV, config_key="data.dev_file")
+    plain, _ = word_pieces.encode_sentences(tokenizer, sentences, tag_ids=TAG_IDS, max_seq_length=64)
+    context, _ = word_pieces.encode_sentences(
+        tokenizer, sentences, tag_ids=TAG_IDS, max_seq_length=64, document_context=True
+    )
+    # The same labelled words in the same windows, now surrounded by their document.
+    for key in ("num_words", "labels", "sentence_index", "word_offset"):
+        np.testing.assert_array_equal(plain[key], context[key])
+    assert plain["lengths"].mean() < 32 and (context["lengths"] == 64).mean() > 0.9
+    rows = np.arange(len(plain["lengths"]))[:, None]
+    np.testing.assert_array_equal(
+        plain["input_ids"][rows, plain["word_starts"]], context["input_ids"][rows, context["word_starts"]]
+    )
+    joined = word_pieces.join_windows(context["labels"], context, sentences)
+    assert [j.tolist() for j in joined] == [[TAG_IDS[t] for t in s.tags] for s in sentences]

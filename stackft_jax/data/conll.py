@@ -5,6 +5,10 @@ too; the tag is the last column), a blank line after each sentence and a `-DOCST
 of each document. Their tags are IOB1 (an entity may start with `I-`; `B-` only separates two adjacent
 entities of one type); the Hugging Face `conll2003` dataset uses IOB2 (every entity starts with `B-`).
 Both are read into ONE internal scheme, IOB2, which seqeval's strict mode scores.
+
+Documents are numbered from 0 in file order (sentences before the first `-DOCSTART-` form document 0).
+The Hugging Face rows carry no document boundaries (its loader drops the `-DOCSTART-` lines): their
+sentences get `NO_DOCUMENT`, and document context is unavailable for them.
 """
 
 import dataclasses
@@ -20,6 +24,7 @@ from stackft_jax.data.text_files import decoded_lines
 # CoNLL-2003's tags, in the order of the Hugging Face dataset's `ner_tags` class names.
 TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 DOCSTART = "-DOCSTART-"
+NO_DOCUMENT = -1
 _TAG = re.compile(r"O|[BI]-\S+")
 
 
@@ -27,7 +32,7 @@ _TAG = re.compile(r"O|[BI]-\S+")
 class Sentence:
     words: tuple[str, ...]
     tags: tuple[str, ...]  # IOB2
-    document: int  # documents are numbered from 0 in file order; -1: unknown (the hub dataset)
+    document: int  # numbered from 0 in file order; NO_DOCUMENT: unknown (the hub dataset)
     index: int  # the sentence's position in its file or split, from 0
 
     @property
@@ -103,14 +108,26 @@ def read_conll(path: str | Path, *, config_key: str, tags: Sequence[str] = TAGS)
     return sentences
 
 
-def sentences_from_hf(rows: Mapping[str, Any], tag_names: Sequence[str]) -> list[Sentence]:
-    """Rows of the Hugging Face `conll2003` dataset (`tokens`, integer `ner_tags` naming `tag_names`,
-    IOB2). The dataset has no document boundaries, so document context is unavailable."""
+def sentences_from_hf(rows: Mapping[str, Any], tag_names: Sequence[str] | None = None) -> list[Sentence]:
+    """Rows of the Hugging Face `conll2003` dataset (`tokens`, integer `ner_tags`; IOB2). `tag_names`
+    defaults to the class names of the dataset's `ner_tags` feature (a dict of columns must pass them).
+    The dataset has no document boundaries, so document context is unavailable."""
+    if tag_names is None:
+        tag_names = rows.features["ner_tags"].feature.names
+    unknown = [name for name in tag_names if name not in TAGS]
+    if unknown:
+        raise ValueError(f"the dataset's tag names {unknown} are not CoNLL-2003 tags {list(TAGS)}")
+    sentences = []
+    for index, (tokens, ner_tags) in enumerate(zip(rows["tokens"], rows["ner_tags"], strict=True)):
+        if len(tokens) != len(ner_tags) or not all(0 <= t < len(tag_names) for t in ner_tags):
+            raise ValueError(
+                f"dataset row {index}: {len(tokens)} tokens with ner_tags {list(ner_tags)}; expected one "
+                f"tag id in [0, {len(tag_names)}) per token"
+            )
+        tags = to_iob2([tag_names[t] for t in ner_tags])
+        sentences.append(Sentence(tuple(tokens), tags, NO_DOCUMENT, index))
     warnings.warn(
         "the Hugging Face conll2003 rows carry no document boundaries: document context is unavailable",
         stacklevel=2,
     )
-    return [
-        Sentence(tuple(tokens), to_iob2([tag_names[t] for t in ner_tags]), -1, index)
-        for index, (tokens, ner_tags) in enumerate(zip(rows["tokens"], rows["ner_tags"], strict=True))
-    ]
+    return sentences

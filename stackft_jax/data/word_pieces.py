@@ -15,14 +15,17 @@ windows (their number is returned), a word with no sub-token becomes the unknown
 longer than a window keeps its first sub-tokens (only the first is labelled). With `document_context`,
 the rest of each window is filled with the sub-tokens of the neighbouring sentences of the same document,
 half before and half after, unlabelled, as BERT's own NER setup did (Devlin et al. 2019, section 5.3).
+Sentences without a document (`conll.NO_DOCUMENT`: the Hugging Face rows) get no context.
 """
 
+import logging
+import warnings
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from stackft_jax.data.conll import Sentence
+from stackft_jax.data.conll import NO_DOCUMENT, Sentence
 
 PAD_LABEL = -1
 
@@ -60,6 +63,12 @@ def encode_sentences(
     if max_seq_length < 3:
         raise ValueError(f"max_seq_length={max_seq_length}: a window needs [CLS], a word and [SEP]")
     budget = max_seq_length - 2
+    if document_context and any(sentence.document == NO_DOCUMENT for sentence in sentences):
+        warnings.warn(
+            "document context asked for, but some sentences have no document (Hugging Face conll2003 "
+            "rows have none): those are encoded without context",
+            stacklevel=2,
+        )
     vocabulary = word_piece_ids(tokenizer, [word for sentence in sentences for word in sentence.words])
     # Every window before context: (sentence, first word, its words' sub-tokens).
     windows: list[tuple[int, int, list[list[int]]]] = []
@@ -96,6 +105,13 @@ def encode_sentences(
         arrays["labels"][w, : len(pieces)] = [tag_ids[tag] for tag in words]
         arrays["sentence_index"][w] = index
         arrays["word_offset"][w] = start
+    if num_split:
+        logging.info(
+            "%d of %d sentences are longer than max_seq_length=%d sub-tokens: split into consecutive windows",
+            num_split,
+            len(sentences),
+            max_seq_length,
+        )
     return arrays, num_split
 
 
@@ -109,6 +125,8 @@ def _context(
     """Sub-tokens of the same document's neighbouring windows: up to half of `room` before (the nearest
     ones), the rest after; a side that runs out leaves its share to the other."""
     document = sentences[windows[w][0]].document
+    if document == NO_DOCUMENT:
+        return [], []
 
     def gather(indices) -> list[list[int]]:
         collected, size = [], 0
@@ -131,13 +149,21 @@ def join_windows(
     arrays: Mapping[str, np.ndarray],
     sentences: Sequence[Sentence],
 ) -> list[np.ndarray]:
-    """Per-window word predictions [N, max_words] -> one array per sentence, every word exactly once."""
-    joined = [np.full(len(sentence.words), PAD_LABEL, predictions.dtype) for sentence in sentences]
+    """Per-window word predictions [N, max_words] -> one array per sentence, every word exactly once
+    (a word without a prediction, or with two, is an error: say, eval padding rows left in)."""
+    if len(predictions) != len(arrays["num_words"]):
+        raise ValueError(f"{len(predictions)} prediction rows for {len(arrays['num_words'])} windows")
+    joined = [np.zeros(len(sentence.words), predictions.dtype) for sentence in sentences]
+    times_predicted = [np.zeros(len(sentence.words), np.int32) for sentence in sentences]
     for row, index, offset, count in zip(
         predictions, arrays["sentence_index"], arrays["word_offset"], arrays["num_words"], strict=True
     ):
         joined[index][offset : offset + count] = row[:count]
-    uncovered = [i for i, words in enumerate(joined) if (words == PAD_LABEL).any()]
-    if uncovered:
-        raise ValueError(f"the windows leave words of sentences {uncovered[:5]} without a prediction")
+        times_predicted[index][offset : offset + count] += 1
+    missing = [i for i, counts in enumerate(times_predicted) if (counts == 0).any()]
+    if missing:
+        raise ValueError(f"the windows leave words of sentences {missing[:5]} without a prediction")
+    repeated = [i for i, counts in enumerate(times_predicted) if (counts > 1).any()]
+    if repeated:
+        raise ValueError(f"words of sentences {repeated[:5]} are in more than one window")
     return joined
