@@ -8,7 +8,7 @@ import pytest
 
 from configs import tiny
 from stackft_jax import metrics, train
-from stackft_jax.data import tasks
+from stackft_jax.data import task_spec, tasks
 from stackft_jax.models import bert
 
 
@@ -16,7 +16,7 @@ def test_header_only_dev_file_is_refused_at_load(tmp_path):
     dev = tmp_path / "dev.tsv"
     dev.write_text("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n")
     with pytest.raises(ValueError, match=r"data.dev_file = '.*dev.tsv': the file holds no examples"):
-        tasks.load_examples(tasks.get_task("qqp"), "dev", dev)
+        task_spec.read_examples(tasks.get_task("qqp"), "dev", dev)
     with pytest.raises(ValueError, match="holds no examples"):
         train.run(tiny.get_config(f"data.dev_file={dev}"), tmp_path / "run")
     assert not list((tmp_path / "run").glob("checkpoints/*/*"))  # failed before the first step
@@ -30,7 +30,7 @@ def test_non_utf8_bytes_name_file_and_line(tmp_path):
         b"2\t3\t4\tCaf\xe9 or tea?\tWhich one?\t1\n"
     )
     with pytest.raises(ValueError, match=r"train.tsv:3: not UTF-8 text \(byte 0xe9 at column 10\)"):
-        tasks.load_examples(tasks.get_task("qqp"), "train", train_file)
+        task_spec.read_examples(tasks.get_task("qqp"), "train", train_file)
 
 
 def test_max_seq_length_above_the_models_positions(tmp_path):
