@@ -8,7 +8,7 @@ import pytest
 
 from configs import tiny
 from stackft_jax import metrics, train
-from stackft_jax.data import task_spec, tasks
+from stackft_jax.data import task_spec, tasks, tokenization
 from stackft_jax.models import bert
 
 
@@ -56,3 +56,11 @@ def test_f1_of_a_dev_set_without_positives_is_undefined():
         # All positive predictions wrong: defined, and 0; a perfect prediction: 1.
         assert metrics.binary_f1(np.array([0, 0]), np.array([1, 1])) == 0.0
         assert metrics.binary_f1(np.array([1, 0]), np.array([1, 0])) == 1.0
+
+
+def test_unlabelled_dev_file_is_refused(tmp_path):
+    # GLUE test files have no labels: fine as data.test_file (predicted), not for model selection.
+    test_file = tiny.FIXTURES / "sst2" / "test.tsv"
+    tokenizer = tokenization.load_tokenizer(bert.resolve_model_dir("embedded:minilm"))
+    with pytest.raises(ValueError, match=r"data.dev_file = '.*test.tsv': the dev split has no labels"):
+        task_spec.load_split(tasks.get_task("sst2"), "dev", test_file, tokenizer=tokenizer, max_seq_length=16)

@@ -129,10 +129,9 @@ def read_examples(task: TaskSpec, split: str, path: str | Path | None) -> list[A
     config_key = f"data.{split}_file"
     if path is None:
         examples = task.read_hub(split, config_key=config_key)
-        source = f"the Hugging Face dataset of task {task.name!r}, split {split!r}"
     else:
         examples = task.read_file(Path(path), config_key=config_key)
-        source = f"{config_key} = {str(path)!r}"
+    source = _source(task, split, path)
     if not examples:
         raise ValueError(f"{source}: the file holds no examples (a header only?)")
     seen: dict[str, int] = {}
@@ -144,6 +143,12 @@ def read_examples(task: TaskSpec, split: str, path: str | Path | None) -> list[A
                 "and text twice); prediction files need one key per example"
             )
     return examples
+
+
+def _source(task: TaskSpec, split: str, path: str | Path | None) -> str:
+    if path is None:
+        return f"the Hugging Face dataset of task {task.name!r}, split {split!r}"
+    return f"data.{split}_file = {str(path)!r}"
 
 
 def encode_examples(
@@ -182,7 +187,7 @@ def load_split(
     examples = read_examples(task, split, path)
     labelled = task.is_labelled(examples)
     if not labelled and split != "test":
-        raise ValueError(f"data.{split}_file = {str(path)!r}: the {split} split has no labels")
+        raise ValueError(f"{_source(task, split, path)}: the {split} split has no labels")
     arrays = encode_examples(
         task, tokenizer, examples, max_seq_length=max_seq_length, options=options, cache_dir=cache_dir
     )
