@@ -67,7 +67,12 @@ class Evaluator:
 
 
 def build_evaluator(
-    task: TaskSpec, graphdef: nnx.GraphDef, mesh: jax.sharding.Mesh, *, global_batch_size: int, buckets
+    task: TaskSpec,
+    graphdef: nnx.GraphDef,
+    mesh: jax.sharding.Mesh,
+    *,
+    global_batch_size: int,
+    buckets: tuple[int, ...],
 ) -> Evaluator:
     """The evaluator of `task`'s model `graphdef`; its eval step is jitted once (per length bucket)."""
     eval_fn = jax.jit(

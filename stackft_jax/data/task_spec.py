@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from stackft_jax.data import tokenization
+from stackft_jax.data import batching, tokenization
 from stackft_jax.objectives import Objective
 
 SPLITS = ("train", "dev", "test")
@@ -92,7 +92,7 @@ class Split:
 
     @property
     def num_rows(self) -> int:
-        return len(self.arrays["lengths"])
+        return batching.num_rows(self.arrays)
 
 
 def example_key(source_id: str, *texts: str | None) -> str:
