@@ -14,8 +14,8 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from stackft_jax import metrics
-from stackft_jax.data import tokenization
-from stackft_jax.data.task_spec import Arrays, Split, TaskSpec, hub_rows
+from stackft_jax.data import batching, tokenization
+from stackft_jax.data.task_spec import Split, TaskSpec, hub_rows
 from stackft_jax.objectives import Objective
 
 UNLABELED = -1
@@ -57,7 +57,7 @@ class SentenceTask(TaskSpec):
         *,
         max_seq_length: int,
         options: Mapping[str, Any],
-    ) -> Arrays:
+    ) -> batching.Dataset:
         if self.sentence_pair and any(e.text_b is None for e in examples):
             raise ValueError(f"task {self.name!r} takes sentence pairs but an example has no text_b")
         arrays = tokenization.encode_texts(

@@ -27,8 +27,6 @@ from stackft_jax.objectives import Objective
 SPLITS = ("train", "dev", "test")
 _HF_SPLIT_NAMES = {"train": "train", "dev": "validation", "test": "test"}
 
-Arrays = dict[str, np.ndarray]
-
 
 class TaskSpec(abc.ABC):
     """A task: subclass it for a family of tasks, make one instance per task, register it in tasks.py.
@@ -63,7 +61,7 @@ class TaskSpec(abc.ABC):
         *,
         max_seq_length: int,
         options: Mapping[str, Any],
-    ) -> Arrays:
+    ) -> batching.Dataset:
         """Per-row arrays (module docstring), right-padded to `max_seq_length` tokens."""
 
     @abc.abstractmethod
@@ -87,7 +85,7 @@ class Split:
 
     name: str  # "train", "dev" or "test"
     examples: Sequence[Any]  # as the task read them, in file order
-    arrays: Arrays  # encoded rows (module docstring)
+    arrays: batching.Dataset  # encoded rows (module docstring)
     labelled: bool
 
     @property
@@ -159,7 +157,7 @@ def encode_examples(
     max_seq_length: int,
     options: Mapping[str, Any] | None = None,
     cache_dir: str | Path | None = None,
-) -> Arrays:
+) -> batching.Dataset:
     """`task.encode`, through the on-disk cache when `cache_dir` is given."""
     options = dict(options or {})
     return tokenization.cached(
