@@ -1,4 +1,4 @@
-"""launch/: the TPU VM scripts and the Colab notebook.
+"""launch/: the TPU VM scripts (tests/test_notebook.py runs the Colab notebook).
 
 Nothing here reaches Google Cloud. The scripts run against a fake `gcloud` that records every call
 and plays a TPU VM: each worker is a local folder standing in for its home directory, `ssh` runs the
@@ -8,7 +8,6 @@ exercises the remote scripts themselves: quoting, background start, resume, stop
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -22,7 +21,6 @@ REPO = Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "launch"
 SCRIPTS = sorted(LAUNCH.glob("*.sh"))
 ENTRY_POINTS = [p for p in SCRIPTS if p.name != "common.sh"]
-NOTEBOOK = LAUNCH / "colab_tpu.ipynb"
 # Every setting the scripts read: removed from the environment so the host's own cannot leak in.
 SETTINGS = ("TPU_NAME", "ZONE", "PROJECT", "ACCELERATOR_TYPE", "RUNTIME_VERSION", "REPO_URL",
             "BRANCH", "WORKDIR", "CONFIG", "REMOTE_DIR", "VENV", "PYTHON_VERSION", "NUM_WORKERS",
@@ -55,67 +53,6 @@ def test_shellcheck():
     result = subprocess.run(["shellcheck", "-x", *[str(p.relative_to(REPO)) for p in SCRIPTS]],
                             cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
-
-
-# --- the notebook ---------------------------------------------------------------------------------
-
-
-def _notebook() -> dict:
-    return json.loads(NOTEBOOK.read_text())
-
-
-def _source(cell: dict) -> str:
-    source = cell["source"]
-    return source if isinstance(source, str) else "".join(source)
-
-
-def test_notebook_is_nbformat_4():
-    notebook = _notebook()
-    assert notebook["nbformat"] == 4
-    assert isinstance(notebook["metadata"], dict)
-    kinds = [cell["cell_type"] for cell in notebook["cells"]]
-    assert set(kinds) <= {"markdown", "code"}
-    assert kinds[0] == "markdown" and kinds.count("code") >= 4
-    for cell in notebook["cells"]:
-        assert isinstance(cell["metadata"], dict) and isinstance(cell["source"], (str, list))
-        if cell["cell_type"] == "code":
-            assert cell["outputs"] == [] and cell["execution_count"] is None, "commit it cleared"
-
-
-def test_notebook_code_cells_compile():
-    for index, cell in enumerate(_notebook()["cells"]):
-        if cell["cell_type"] != "code":
-            continue
-        # IPython magics and shell lines become `pass`, keeping their indentation (an if-block of magics).
-        lines = [re.sub(r"^(\s*)[!%].*", r"\1pass", line) for line in _source(cell).splitlines()]
-        compile("\n".join(lines), f"colab_tpu.ipynb cell {index}", "exec")
-
-
-def test_notebook_config_edits_are_real_keys():
-    """The train cell's edits, applied to the locked default config: a misspelt key would raise."""
-    code = "\n".join(_source(c) for c in _notebook()["cells"] if c["cell_type"] == "code")
-    assert "config_cli.load(CONFIG)" in code and "train.run(config, WORKDIR)" in code
-    edits = re.findall(r"^\s*(config\.[\w.]+) = (.+)$", code, flags=re.MULTILINE)
-    assert ("config.model.dtype", '"bfloat16"') in edits
-    from stackft_jax import config_cli
-
-    (default,) = re.findall(r'^CONFIG = "([^"]+)"', code, flags=re.MULTILINE)
-    config = config_cli.load(default)
-    for target, value in edits:
-        exec(f"{target} = {value}", {"config": config})
-
-
-def test_notebook_metrics_cell_prints_a_table(tmp_path, capsys):
-    (cell,) = [c for c in _notebook()["cells"]
-               if c["cell_type"] == "code" and "metrics.jsonl" in _source(c)]
-    records = [{"phase": "phase1", "step": 20, "global_step": 20, "split": "dev", "accuracy": 0.75},
-               {"phase": "phase2", "step": 20, "global_step": 80, "split": "dev", "f1": None}]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    exec(_source(cell), {"WORKDIR": str(tmp_path)})
-    header, first, second = capsys.readouterr().out.splitlines()
-    assert header.split() == ["phase", "global_step", "split", "accuracy", "f1"]
-    assert first.split() == ["phase1", "20", "dev", "0.7500"]
-    assert second.split() == ["phase2", "80", "dev"]
 
 
 # --- failing early and clearly --------------------------------------------------------------------
