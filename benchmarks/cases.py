@@ -28,7 +28,7 @@ from flax import nnx
 
 from configs import quora
 from stackft_jax import optim, phases, sharding, steps, train
-from stackft_jax.data import tasks
+from stackft_jax.data import task_spec, tasks
 from stackft_jax.models import bert
 
 CASES = ("full", "phase1", "eval")
@@ -88,7 +88,7 @@ def synthetic_batch(batch_size: int, seq_len: int, vocab_size: int, seed: int = 
         "token_type_ids": token_type_ids,
         "attention_mask": real.astype(np.int32),
         "labels": rng.integers(0, 2, batch_size).astype(np.int32),
-        "weights": np.ones(batch_size, np.float32),
+        "example_mask": np.ones(batch_size, np.float32),
     }
 
 
@@ -99,7 +99,7 @@ def synthetic_batch(batch_size: int, seq_len: int, vocab_size: int, seed: int = 
 @dataclasses.dataclass
 class JaxModel:
     config: ml_collections.ConfigDict
-    task: tasks.TaskSpec
+    task: task_spec.TaskSpec
     bert_config: bert.BertConfig
     graphdef: nnx.GraphDef
     params: Any
@@ -133,7 +133,7 @@ def jax_phase_step(m: JaxModel, case: str, *, copy_params: bool = True) -> tuple
         list(m.plan).index(phase.name),
         m.params,
         graphdef=m.graphdef,
-        kind=m.task.kind,
+        objective=m.task.objective,
         mesh=m.mesh,
         seed=m.config.seed,
         max_grad_norm=m.config.max_grad_norm,
@@ -150,7 +150,7 @@ def jax_train_state(m: JaxModel, case: str, *, copy_params: bool = True) -> tupl
 
 def jax_eval_fn(m: JaxModel) -> Callable:
     return jax.jit(
-        functools.partial(steps.eval_step, graphdef=m.graphdef, kind=m.task.kind),
+        functools.partial(steps.eval_step, graphdef=m.graphdef, objective=m.task.objective),
         in_shardings=(sharding.replicated(m.mesh), sharding.data_sharded(m.mesh)),
         out_shardings=sharding.replicated(m.mesh),
     )
@@ -181,7 +181,7 @@ def jax_components(m: JaxModel, batch: dict) -> dict[str, Step]:
         model = nnx.merge(m.graphdef, params)
         rngs = None if deterministic else nnx.Rngs(dropout=key)
         logits = model(device_batch, deterministic=deterministic, rngs=rngs)
-        loss_sum, stats = steps.task_loss(logits, device_batch, m.task.kind)
+        loss_sum, stats = m.task.objective.loss(logits, device_batch)
         return loss_sum / jnp.maximum(stats["count"], 1.0)
 
     forward = jax.jit(functools.partial(loss, deterministic=False))

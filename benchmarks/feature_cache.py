@@ -33,8 +33,7 @@ import numpy as np
 from benchmarks import cases
 from benchmarks.machine import load_average, machine_info, write_json
 from stackft_jax import feature_cache, sharding
-from stackft_jax.data import batching, tasks, tokenization
-from stackft_jax.data.tokenization import TokenizedDataset
+from stackft_jax.data import batching, task_spec, tasks, tokenization
 from stackft_jax.models import bert
 
 REPO = Path(__file__).resolve().parent.parent
@@ -74,18 +73,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def load_split(args: argparse.Namespace, model_dir: Path) -> TokenizedDataset:
+def load_split(args: argparse.Namespace, model_dir: Path) -> batching.Dataset:
     task = tasks.get_task("qqp")
-    examples = tasks.load_examples(task, "train", args.train_file)
+    examples = task_spec.read_examples(task, "train", args.train_file)
     if args.examples:
         examples = examples[: args.examples]
-    return tokenization.tokenize_examples(
-        tokenization.load_tokenizer(model_dir), examples, max_seq_length=args.max_seq_length, task=task
+    return task_spec.encode_examples(
+        task, tokenization.load_tokenizer(model_dir), examples, max_seq_length=args.max_seq_length
     )
 
 
 def run_mode(
-    model: cases.JaxModel, mode: str, ds: TokenizedDataset, args: argparse.Namespace, cache_dir: Path
+    model: cases.JaxModel, mode: str, ds: batching.Dataset, args: argparse.Namespace, cache_dir: Path
 ) -> dict:
     """`args.epochs` timed epochs of phase 1 in `mode` (after the timed cache build when cached)."""
     phase = dataclasses.replace(
@@ -114,7 +113,7 @@ def run_mode(
         record["build_s"] = time.perf_counter() - started
         record["cache_bytes"] = cache.nbytes
     state, train_step = cases.jax_train_state(model, "phase1")
-    steps = batching.steps_per_epoch(len(ds), args.batch_size)
+    steps = batching.steps_per_epoch(batching.num_rows(ds), args.batch_size)
     batches = batching.train_batches(
         ds,
         start_step=0,
@@ -203,9 +202,10 @@ def main(argv: list[str] | None = None) -> dict:
     config.model.scalar_mix = args.scalar_mix
     model = cases.build_jax(config)
     ds = load_split(args, bert.resolve_model_dir(config.model.name_or_path))
-    steps = batching.steps_per_epoch(len(ds), args.batch_size)
+    steps = batching.steps_per_epoch(batching.num_rows(ds), args.batch_size)
     print(
-        f"{args.model}: {len(ds)} examples ({int(ds.lengths.sum())} real tokens) from {args.train_file}, "
+        f"{args.model}: {batching.num_rows(ds)} examples ({int(ds['lengths'].sum())} real tokens) "
+        f"from {args.train_file}, "
         f"batch {args.batch_size}, max length {args.max_seq_length}, {steps} steps/epoch, "
         f"{args.epochs} epochs per mode, load {load_start}",
         flush=True,
@@ -229,8 +229,8 @@ def main(argv: list[str] | None = None) -> dict:
         "machine": machine_info(),
         "args": vars(args),
         "load_average_1_5_15": {"start": load_start, "end": load_average()},
-        "num_examples": len(ds),
-        "real_tokens": int(ds.lengths.sum()),
+        "num_examples": batching.num_rows(ds),
+        "real_tokens": int(ds["lengths"].sum()),
         "steps_per_epoch": steps,
         "buckets": list(batching.length_buckets(args.max_seq_length)),
         "results": results,

@@ -5,8 +5,8 @@
   python -m benchmarks.input_pipeline --quick --train-file tests/fixtures/qqp/train.tsv --step-model tiny
 
 Measured, each alone on the host:
-  - reading the TSV (`tasks.load_examples`);
-  - `tokenization.tokenize_examples` into an empty temporary cache dir (tokenize + write the cache),
+  - reading the TSV (`task_spec.read_examples`);
+  - `task_spec.encode_examples` into an empty temporary cache dir (tokenize + write the cache),
     then again (hash the examples + load the cache);
   - batches/s of `batching.train_batches` + `batching.process_slice` (what the train loop pulls per
     step), and the same plus `sharding.put_batch` (the host-to-device copy);
@@ -27,7 +27,7 @@ import jax
 from benchmarks import cases
 from benchmarks.machine import load_average, machine_info, write_json
 from stackft_jax import sharding
-from stackft_jax.data import batching, tasks, tokenization
+from stackft_jax.data import batching, task_spec, tasks, tokenization
 from stackft_jax.models import bert
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,7 +64,7 @@ def timed(fn):
 def batches_per_s(dataset, args, buckets, *, put: bool) -> dict:
     """Pull batches exactly as `train.run_phase` does (optionally including the device copy)."""
     mesh = sharding.make_mesh()
-    per_epoch = batching.steps_per_epoch(len(dataset), args.batch_size)
+    per_epoch = batching.steps_per_epoch(batching.num_rows(dataset), args.batch_size)
     num = args.batches or min(per_epoch, 2000)
     stream = batching.train_batches(
         dataset, start_step=0, global_batch_size=args.batch_size, seed=0, buckets=buckets
@@ -104,20 +104,20 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     task = tasks.get_task("qqp")
     load_start = load_average()
-    examples, read_s = timed(lambda: tasks.load_examples(task, "train", args.train_file))
+    examples, read_s = timed(lambda: task_spec.read_examples(task, "train", args.train_file))
     if args.limit:
         examples = examples[: args.limit]
     tokenizer = tokenization.load_tokenizer(bert.resolve_model_dir(args.model))
 
     def tokenize(cache_dir):
-        return tokenization.tokenize_examples(
-            tokenizer, examples, max_seq_length=args.max_seq_length, task=task, cache_dir=cache_dir
+        return task_spec.encode_examples(
+            task, tokenizer, examples, max_seq_length=args.max_seq_length, cache_dir=cache_dir
         )
 
     with tempfile.TemporaryDirectory(prefix="input_pipeline_") as cache_dir:
         dataset, first_s = timed(lambda: tokenize(cache_dir))
         cached, cached_s = timed(lambda: tokenize(cache_dir))
-    assert (cached.input_ids == dataset.input_ids).all()
+    assert (cached["input_ids"] == dataset["input_ids"]).all()
 
     buckets = batching.length_buckets(args.max_seq_length)
     host = batches_per_s(dataset, args, buckets, put=False)

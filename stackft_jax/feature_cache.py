@@ -42,7 +42,6 @@ from flax import nnx
 
 from stackft_jax import sharding, steps
 from stackft_jax.data import batching
-from stackft_jax.data.tokenization import TokenizedDataset
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +83,7 @@ class FeatureCache:
 
 def open_or_build(
     directory: str | Path,
-    ds: TokenizedDataset,
+    ds: batching.Dataset,
     params: Any,
     *,
     graphdef: nnx.GraphDef,
@@ -127,7 +126,7 @@ def open_or_build(
     log.info(
         "feature cache %s: %d examples, %s tokens x layers x hidden, %.2f GiB %s, %s in %.1f s",
         directory,
-        len(ds),
+        batching.num_rows(ds),
         cache.hidden_states.shape,
         cache.nbytes / 2**30,
         dtype,
@@ -137,14 +136,14 @@ def open_or_build(
     return cache
 
 
-def _fingerprint(backbone_params: Any, ds: TokenizedDataset, *, all_layers: bool, dtype: str) -> str:
+def _fingerprint(backbone_params: Any, ds: batching.Dataset, *, all_layers: bool, dtype: str) -> str:
     h = hashlib.sha256(f"v{_VERSION}|all_layers={all_layers}|{dtype}".encode())
     for path, leaf in jax.tree_util.tree_flatten_with_path(backbone_params)[0]:
         # addressable_data(0): a replicated array's local copy, also on multi-host meshes.
         array = np.asarray(leaf.addressable_data(0) if isinstance(leaf, jax.Array) else leaf)
         h.update(f"{jax.tree_util.keystr(path)}|{array.dtype}|{array.shape}".encode())
         h.update(np.ascontiguousarray(array).tobytes())
-    for array in (ds.input_ids, ds.token_type_ids, ds.lengths):
+    for array in (ds["input_ids"], ds["token_type_ids"], ds["lengths"]):
         h.update(np.ascontiguousarray(array).tobytes())
     return h.hexdigest()[:24]
 
@@ -154,13 +153,13 @@ def _read_meta(directory: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _offsets(ds: TokenizedDataset) -> np.ndarray:
-    offsets = np.zeros(len(ds) + 1, np.int64)
-    np.cumsum(ds.lengths, out=offsets[1:])
+def _offsets(ds: batching.Dataset) -> np.ndarray:
+    offsets = np.zeros(batching.num_rows(ds) + 1, np.int64)
+    np.cumsum(ds["lengths"], out=offsets[1:])
     return offsets
 
 
-def _open(directory: Path, meta: dict, ds: TokenizedDataset) -> FeatureCache:
+def _open(directory: Path, meta: dict, ds: batching.Dataset) -> FeatureCache:
     dtype = DTYPES[meta["dtype"]]
     return FeatureCache(
         hidden_states=np.memmap(
@@ -173,7 +172,7 @@ def _open(directory: Path, meta: dict, ds: TokenizedDataset) -> FeatureCache:
 
 def _build(
     directory: Path,
-    ds: TokenizedDataset,
+    ds: batching.Dataset,
     params: Any,
     *,
     fingerprint: str,
@@ -184,6 +183,7 @@ def _build(
     dtype: np.dtype,
 ) -> None:
     offsets = _offsets(ds)
+    num_rows = batching.num_rows(ds)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f"{directory.name}.tmp"))
     try:
@@ -195,9 +195,9 @@ def _build(
             states, pooled_out = np.asarray(out["hidden_states"]), np.asarray(out["pooled"])
             if hidden is None:  # shapes are known from the first batch
                 shape = (int(offsets[-1]), *states.shape[2:])
-                _check_disk_space(tmp, (np.prod(shape) + len(ds) * shape[-1]) * dtype.itemsize)
+                _check_disk_space(tmp, (np.prod(shape) + num_rows * shape[-1]) * dtype.itemsize)
                 hidden = np.memmap(tmp / "hidden_states.bin", dtype, "w+", shape=shape)
-                pooled = np.memmap(tmp / "pooled.bin", dtype, "w+", shape=(len(ds), shape[-1]))
+                pooled = np.memmap(tmp / "pooled.bin", dtype, "w+", shape=(num_rows, shape[-1]))
             for row, i in enumerate(index):
                 if i >= 0:  # -1: a padding row of the last batch
                     hidden[offsets[i] : offsets[i + 1]] = states[row, : offsets[i + 1] - offsets[i]]

@@ -1,4 +1,4 @@
-"""What a run leaves for people: metrics.jsonl, TensorBoard events, results.json.
+"""What a run leaves for people: metrics.jsonl, TensorBoard events, results.json, predictions/.
 
 Only process 0 writes. metrics.jsonl holds one JSON object per evaluation; on resume, records newer
 than the restored checkpoint are dropped first, so an interrupted run's file ends identical to an
@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import jax
+
+from stackft_jax import predictions
 
 
 def _finite_or_none(value: float) -> float | None:
@@ -89,6 +91,11 @@ class RunReport:
         tmp = self.workdir / "results.json.tmp"
         tmp.write_text(json.dumps(_json_safe(results), indent=2, sort_keys=True) + "\n")
         os.replace(tmp, self.workdir / "results.json")
+
+    def predictions(self, split: str, records: list[dict[str, Any]]) -> None:
+        """WORKDIR/predictions/<split>.jsonl (predictions.py)."""
+        if self.enabled:
+            predictions.write(predictions.path(self.workdir, split), records)
 
     def close(self) -> None:
         if self._tb is not None:

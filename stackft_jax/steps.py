@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from stackft_jax.objectives import Objective
+
 Batch = dict[str, jax.Array]
 
 
@@ -40,22 +42,6 @@ class TrainState:
         return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
 
 
-def task_loss(logits: jax.Array, batch: Batch, kind: str) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Summed (not averaged) loss and statistics, weighted so that padding examples count zero."""
-    weights = batch["weights"]
-    if kind == "classification":
-        per_example = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"])
-        correct = (jnp.argmax(logits, -1) == batch["labels"]) * weights
-        stats = {"correct": correct.sum()}
-    elif kind == "regression":
-        per_example = jnp.square(logits[:, 0] - batch["labels"])
-        stats = {}
-    else:
-        raise ValueError(f"unknown task kind {kind!r}")
-    loss_sum = (per_example * weights).sum()
-    return loss_sum, {"loss_sum": loss_sum, "count": weights.sum(), **stats}
-
-
 def train_step(
     state: TrainState,
     batch: Batch,
@@ -63,7 +49,7 @@ def train_step(
     graphdef: nnx.GraphDef,
     tx: optax.GradientTransformation,
     trainable: Any,
-    kind: str,
+    objective: Objective,
     dropout_key: jax.Array,
     backbone_deterministic: bool = False,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
@@ -77,13 +63,13 @@ def train_step(
     def loss_fn(params):
         params = jax.tree.map(lambda t, p: p if t else jax.lax.stop_gradient(p), trainable, params)
         model = nnx.merge(graphdef, params)
-        logits = model(
+        outputs = model(
             batch,
             deterministic=False,
             backbone_deterministic=backbone_deterministic,
             rngs=nnx.Rngs(dropout=step_key),
         )
-        loss_sum, stats = task_loss(logits, batch, kind)
+        loss_sum, stats = objective.loss(outputs, batch)
         return loss_sum / jnp.maximum(stats["count"], 1.0), stats
 
     (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
@@ -113,13 +99,13 @@ def train_step(
     return new_state, metrics
 
 
-def eval_step(params: Any, batch: Batch, *, graphdef: nnx.GraphDef, kind: str) -> dict[str, jax.Array]:
-    """Per-example predictions (class id or regression value) and the summed loss."""
+def eval_step(params: Any, batch: Batch, *, graphdef: nnx.GraphDef, objective: Objective) -> dict[str, Any]:
+    """`rows`: the objective's per-row predictions (evaluation.py drops padding rows); `loss_sum` and
+    `count`, padding excluded."""
     model = nnx.merge(graphdef, params)
-    logits = model(batch, deterministic=True)
-    _, stats = task_loss(logits, batch, kind)
-    predictions = jnp.argmax(logits, -1) if kind == "classification" else logits[:, 0]
-    return {"predictions": predictions, **stats}
+    outputs = model(batch, deterministic=True)
+    _, stats = objective.loss(outputs, batch)
+    return {"rows": objective.predict(outputs, batch), "loss_sum": stats["loss_sum"], "count": stats["count"]}
 
 
 def features_step(

@@ -23,8 +23,8 @@ from tqdm import tqdm
 
 from stackft_jax import (
     checkpointing,
+    evaluation,
     feature_cache,
-    metrics,
     optim,
     phases,
     preemption,
@@ -32,9 +32,10 @@ from stackft_jax import (
     steps,
     workdirs,
 )
-from stackft_jax.data import batching, tasks, tokenization
+from stackft_jax.data import batching, task_spec, tasks, tokenization
 from stackft_jax.models import bert
 from stackft_jax.models.task_model import TaskModel
+from stackft_jax.objectives import Objective
 from stackft_jax.report import RunReport
 
 log = logging.getLogger(__name__)
@@ -49,14 +50,14 @@ class Context:
     config: ml_collections.ConfigDict
     workdir: Path
     mesh: jax.sharding.Mesh
-    task: tasks.TaskSpec
-    datasets: dict[str, tokenization.TokenizedDataset]
+    task: task_spec.TaskSpec
+    datasets: dict[str, task_spec.Split]
     graphdef: nnx.GraphDef
     buckets: tuple[int, ...]
     global_batch_size: int
     eval_global_batch_size: int
     report: RunReport
-    eval_fn: Any
+    evaluator: evaluation.Evaluator
 
     @property
     def primary_metric(self) -> str:
@@ -99,7 +100,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         )
 
 
-def load_datasets(config, task, tokenizer) -> dict[str, tokenization.TokenizedDataset]:
+def load_datasets(config, task: task_spec.TaskSpec, tokenizer) -> dict[str, task_spec.Split]:
+    """Train, dev and (when given as a local file) test, read and encoded; an unlabelled test split
+    is predicted but not scored."""
     cache_dir = config.data.cache_dir or os.environ.get(
         "STACKFT_JAX_CACHE", str(Path.home() / ".cache" / "stackft_jax")
     )
@@ -108,17 +111,17 @@ def load_datasets(config, task, tokenizer) -> dict[str, tokenization.TokenizedDa
         path = config.data[f"{split}_file"]
         if split == "test" and not path:
             continue  # a test split is evaluated only when given as a local file
-        examples = tasks.load_examples(task, split, path)
-        if split == "test" and all(e.label == -1 for e in examples):
-            log.info("test split has no labels: not evaluated")
-            continue
-        datasets[split] = tokenization.tokenize_examples(
-            tokenizer,
-            examples,
+        datasets[split] = task_spec.load_split(
+            task,
+            split,
+            path,
+            tokenizer=tokenizer,
             max_seq_length=config.max_seq_length,
-            task=task,
+            options=task.encoding_options(config.data),
             cache_dir=Path(cache_dir) / "tokenized",
         )
+    if "test" in datasets and not datasets["test"].labelled:
+        log.info("test split has no labels: predicted, not scored")
     return datasets
 
 
@@ -152,38 +155,6 @@ def build_model(config, task, model_dir: Path) -> tuple[TaskModel, bert.BertConf
     return model, bert_config
 
 
-def evaluate(
-    ctx: Context,
-    params,
-    split: str,
-    limit: int | None = None,
-    features: feature_cache.FeatureCache | None = None,
-) -> dict[str, float]:
-    """Metrics on `split` (its first `limit` examples); from the split's cached backbone features when
-    `features` is given."""
-    dataset = ctx.datasets[split]
-    predictions, indices, loss_sum, count = [], [], 0.0, 0.0
-    for batch in batching.eval_batches(
-        dataset, global_batch_size=ctx.eval_global_batch_size, buckets=ctx.buckets, limit=limit
-    ):
-        index = batch.pop("index")
-        if features is not None:
-            # Padding rows repeat the batch's first example (eval_batches); so do their features.
-            batch["index"] = np.where(index >= 0, index, index[0])
-        local = batching.process_slice(batch, jax.process_index(), jax.process_count())
-        if features is not None:
-            local = features.attach(local)
-        out = sharding.to_host(ctx.eval_fn(params, sharding.put_batch(local, ctx.mesh)))
-        predictions.append(np.asarray(out["predictions"])[index >= 0])
-        indices.append(index[index >= 0])
-        loss_sum += float(out["loss_sum"])
-        count += float(out["count"])
-    order = np.concatenate(indices)
-    labels = dataset.labels[order]
-    values = metrics.compute_metrics(ctx.task.metrics, np.concatenate(predictions), labels)
-    return {**values, "loss": loss_sum / max(count, 1.0)}
-
-
 def feature_caches(ctx: Context, phase: phases.Phase, params) -> dict[str, feature_cache.FeatureCache]:
     """The frozen backbone's train and dev features for `phase`, built once per workdir (a resumed
     run reopens them); the train/dev gap evaluation reads the train cache too."""
@@ -193,7 +164,7 @@ def feature_caches(ctx: Context, phase: phases.Phase, params) -> dict[str, featu
         name = split if jax.process_count() == 1 else f"{split}.process{jax.process_index()}"
         caches[split] = feature_cache.open_or_build(
             ctx.workdir / "feature_cache" / phase.name / name,
-            ctx.datasets[split],
+            ctx.datasets[split].arrays,
             params,
             graphdef=ctx.graphdef,
             mesh=ctx.mesh,
@@ -221,7 +192,7 @@ def build_phase_step(
     params,
     *,
     graphdef: nnx.GraphDef,
-    kind: str,
+    objective: Objective,
     mesh: jax.sharding.Mesh,
     seed: int,
     max_grad_norm: float,
@@ -251,7 +222,7 @@ def build_phase_step(
             graphdef=graphdef,
             tx=tx,
             trainable=trainable,
-            kind=kind,
+            objective=objective,
             dropout_key=dropout_key,
             backbone_deterministic=not phase.backbone_dropout,
         )
@@ -308,7 +279,7 @@ def run_phase(
         index,
         params,
         graphdef=ctx.graphdef,
-        kind=ctx.task.kind,
+        objective=ctx.task.objective,
         mesh=mesh,
         seed=config.seed,
         max_grad_norm=config.max_grad_norm,
@@ -372,7 +343,7 @@ def run_phase(
         disable=jax.process_index() != 0,
     )
     batches: Iterator = batching.train_batches(
-        ctx.datasets["train"],
+        ctx.datasets["train"].arrays,
         start_step=step,
         global_batch_size=ctx.global_batch_size,
         seed=config.seed * 1000 + index,
@@ -405,7 +376,7 @@ def run_phase(
                 "grad_norm": float(np.mean([m["grad_norm"] for m in host])),
                 "examples_per_s": rate,
             }
-            if ctx.task.kind == "classification":
+            if "correct" in host[0]:  # objectives whose predictions are right or wrong
                 train_stats["running_accuracy"] = sum(float(m["correct"]) for m in host) / sum(
                     float(m["count"]) for m in host
                 )
@@ -414,7 +385,9 @@ def run_phase(
             window, window_start = [], time.time()
 
         if eval_now:
-            dev = evaluate(ctx, state.params, "dev", features=features.get("dev"))
+            dev = ctx.evaluator.evaluate(
+                state.params, ctx.datasets["dev"], features=features.get("dev")
+            ).scores
             ctx.report.eval(
                 phase=phase.name,
                 step=step,
@@ -424,13 +397,12 @@ def run_phase(
             )
             train_accuracy = None
             if phase.gap_eval_examples:
-                train_eval = evaluate(
-                    ctx,
+                train_eval = ctx.evaluator.evaluate(
                     state.params,
-                    "train",
+                    ctx.datasets["train"],
                     limit=phase.gap_eval_examples,
                     features=features.get("train"),
-                )
+                ).scores
                 ctx.report.eval(
                     phase=phase.name,
                     step=step,
@@ -550,6 +522,8 @@ def _run(config: ml_collections.ConfigDict, workdir: Path, mesh: jax.sharding.Me
     del model, state
 
     global_batch = sharding.global_batch_size(config.per_device_batch_size, mesh)
+    buckets = batching.length_buckets(config.max_seq_length)
+    eval_global_batch = sharding.global_batch_size(config.eval_per_device_batch_size, mesh)
     ctx = Context(
         config=config,
         workdir=workdir,
@@ -557,24 +531,22 @@ def _run(config: ml_collections.ConfigDict, workdir: Path, mesh: jax.sharding.Me
         task=task,
         datasets=datasets,
         graphdef=graphdef,
-        buckets=batching.length_buckets(config.max_seq_length),
+        buckets=buckets,
         global_batch_size=global_batch,
-        eval_global_batch_size=sharding.global_batch_size(config.eval_per_device_batch_size, mesh),
+        eval_global_batch_size=eval_global_batch,
         report=RunReport(workdir),
-        eval_fn=jax.jit(
-            functools.partial(steps.eval_step, graphdef=graphdef, kind=task.kind),
-            in_shardings=(sharding.replicated(mesh), sharding.data_sharded(mesh)),
-            out_shardings=sharding.replicated(mesh),
+        evaluator=evaluation.build_evaluator(
+            task, graphdef, mesh, global_batch_size=eval_global_batch, buckets=buckets
         ),
     )
-    steps_per_epoch = batching.steps_per_epoch(len(datasets["train"]), global_batch)
+    steps_per_epoch = batching.steps_per_epoch(datasets["train"].num_rows, global_batch)
     plan = phases.phases_for(config, steps_per_epoch, bert_config.num_hidden_layers)
     log.info(
-        "%s on %d devices, global batch %d, %d train examples (%d steps/epoch), phases %s",
+        "%s on %d devices, global batch %d, %d train rows (%d steps/epoch), phases %s",
         config.strategy,
         mesh.size,
         global_batch,
-        len(datasets["train"]),
+        datasets["train"].num_rows,
         steps_per_epoch,
         [(p.name, p.num_steps) for p in plan],
     )
@@ -600,7 +572,12 @@ def _run(config: ml_collections.ConfigDict, workdir: Path, mesh: jax.sharding.Me
     scored = "last"
     if config.final_params == "best":
         params, scored = _best_or_last(workdir, params, best, mesh)
-    final = {split: evaluate(ctx, params, split) for split in ("dev", "test") if split in datasets}
+    evaluations = {
+        name: ctx.evaluator.evaluate(params, datasets[name]) for name in ("dev", "test") if name in datasets
+    }
+    for name, done in evaluations.items():
+        ctx.report.predictions(name, task.prediction_records(datasets[name], done.rows))
+    final = {name: done.scores for name, done in evaluations.items() if datasets[name].labelled}
     results = {
         "config": config.to_dict(),
         "strategy": config.strategy,

@@ -8,7 +8,7 @@ import pytest
 
 from configs import tiny
 from stackft_jax import metrics, train
-from stackft_jax.data import tasks
+from stackft_jax.data import task_spec, tasks, tokenization
 from stackft_jax.models import bert
 
 
@@ -16,7 +16,7 @@ def test_header_only_dev_file_is_refused_at_load(tmp_path):
     dev = tmp_path / "dev.tsv"
     dev.write_text("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n")
     with pytest.raises(ValueError, match=r"data.dev_file = '.*dev.tsv': the file holds no examples"):
-        tasks.load_examples(tasks.get_task("qqp"), "dev", dev)
+        task_spec.read_examples(tasks.get_task("qqp"), "dev", dev)
     with pytest.raises(ValueError, match="holds no examples"):
         train.run(tiny.get_config(f"data.dev_file={dev}"), tmp_path / "run")
     assert not list((tmp_path / "run").glob("checkpoints/*/*"))  # failed before the first step
@@ -30,7 +30,7 @@ def test_non_utf8_bytes_name_file_and_line(tmp_path):
         b"2\t3\t4\tCaf\xe9 or tea?\tWhich one?\t1\n"
     )
     with pytest.raises(ValueError, match=r"train.tsv:3: not UTF-8 text \(byte 0xe9 at column 10\)"):
-        tasks.load_examples(tasks.get_task("qqp"), "train", train_file)
+        task_spec.read_examples(tasks.get_task("qqp"), "train", train_file)
 
 
 def test_max_seq_length_above_the_models_positions(tmp_path):
@@ -56,3 +56,11 @@ def test_f1_of_a_dev_set_without_positives_is_undefined():
         # All positive predictions wrong: defined, and 0; a perfect prediction: 1.
         assert metrics.binary_f1(np.array([0, 0]), np.array([1, 1])) == 0.0
         assert metrics.binary_f1(np.array([1, 0]), np.array([1, 0])) == 1.0
+
+
+def test_unlabelled_dev_file_is_refused(tmp_path):
+    # GLUE test files have no labels: fine as data.test_file (predicted), not for model selection.
+    test_file = tiny.FIXTURES / "sst2" / "test.tsv"
+    tokenizer = tokenization.load_tokenizer(bert.resolve_model_dir("embedded:minilm"))
+    with pytest.raises(ValueError, match=r"data.dev_file = '.*test.tsv': the dev split has no labels"):
+        task_spec.load_split(tasks.get_task("sst2"), "dev", test_file, tokenizer=tokenizer, max_seq_length=16)

@@ -4,13 +4,12 @@ import numpy as np
 import pytest
 
 from stackft_jax.data import batching
-from stackft_jax.data.tokenization import TokenizedDataset
 
-KEYS = {"input_ids", "token_type_ids", "attention_mask", "labels", "weights"}
+KEYS = {"input_ids", "token_type_ids", "attention_mask", "labels", "example_mask"}
 BUCKETS = (32, 64, 128)
 
 
-def make_dataset(n: int, max_seq_length: int = 128, seed: int = 0) -> TokenizedDataset:
+def make_dataset(n: int, max_seq_length: int = 128, seed: int = 0) -> batching.Dataset:
     """Row i is filled with token i + 1 up to its length, so a batch row names its example."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(3, max_seq_length + 1, size=n).astype(np.int32)
@@ -19,24 +18,29 @@ def make_dataset(n: int, max_seq_length: int = 128, seed: int = 0) -> TokenizedD
     real = positions < lengths[:, None]
     input_ids = np.where(real, np.arange(1, n + 1)[:, None], 0).astype(np.int32)
     token_type_ids = (real & (positions >= lengths[:, None] // 2)).astype(np.int32)
-    return TokenizedDataset(input_ids, token_type_ids, lengths, np.arange(n, dtype=np.int32))
+    return {
+        "input_ids": input_ids,
+        "token_type_ids": token_type_ids,
+        "lengths": lengths,
+        "labels": np.arange(n, dtype=np.int32),
+    }
 
 
-def check_batch(batch: dict, ds: TokenizedDataset, batch_size: int) -> np.ndarray:
+def check_batch(batch: dict, ds: batching.Dataset, batch_size: int) -> np.ndarray:
     """Checks shapes and internal consistency; returns the example index of each row."""
-    assert KEYS <= set(batch) <= KEYS | {"index"}
+    assert set(batch) - {"index"} == KEYS | set(ds) - {"lengths"}
     seq_len = batch["input_ids"].shape[1]
     assert seq_len in BUCKETS
     for key in ("input_ids", "token_type_ids", "attention_mask"):
         assert batch[key].shape == (batch_size, seq_len) and batch[key].dtype == np.int32
-    assert batch["weights"].dtype == np.float32 and batch["weights"].shape == (batch_size,)
+    assert batch["example_mask"].dtype == np.float32 and batch["example_mask"].shape == (batch_size,)
     rows = batch["labels"]
-    lengths = ds.lengths[rows]
+    lengths = ds["lengths"][rows]
     assert (batch["attention_mask"].sum(axis=1) == lengths).all()
     # The smallest bucket that fits the longest row.
     assert seq_len == min(b for b in BUCKETS if b >= lengths.max())
-    np.testing.assert_array_equal(batch["input_ids"], ds.input_ids[rows, :seq_len])
-    np.testing.assert_array_equal(batch["token_type_ids"], ds.token_type_ids[rows, :seq_len])
+    np.testing.assert_array_equal(batch["input_ids"], ds["input_ids"][rows, :seq_len])
+    np.testing.assert_array_equal(batch["token_type_ids"], ds["token_type_ids"][rows, :seq_len])
     return rows
 
 
@@ -71,7 +75,7 @@ def test_train_batch_is_a_pure_function_of_seed_and_step():
     for key in KEYS:
         np.testing.assert_array_equal(a[key], b[key])
     check_batch(a, ds, 8)
-    assert (a["weights"] == 1).all()
+    assert (a["example_mask"] == 1).all()
     other_seed = batching.train_batch(ds, step=4, global_batch_size=8, seed=4, buckets=BUCKETS)
     assert not np.array_equal(a["labels"], other_seed["labels"])
 
@@ -80,9 +84,7 @@ def test_every_example_once_per_epoch_and_epochs_differ():
     ds = make_dataset(48)
     kwargs = dict(global_batch_size=8, seed=0, buckets=BUCKETS)
     epochs = [
-        np.concatenate(
-            [check_batch(batching.train_batch(ds, step=s, **kwargs), ds, 8) for s in steps]
-        )
+        np.concatenate([check_batch(batching.train_batch(ds, step=s, **kwargs), ds, 8) for s in steps])
         for steps in (range(0, 6), range(6, 12))
     ]
     for order in epochs:
@@ -120,12 +122,12 @@ def test_eval_covers_every_example_once_with_a_padded_last_batch():
         assert set(batch) == KEYS | {"index"} and batch["index"].dtype == np.int32
         rows = check_batch(batch, ds, 8)
         real = batch["index"] >= 0
-        np.testing.assert_array_equal(batch["weights"], real.astype(np.float32))
+        np.testing.assert_array_equal(batch["example_mask"], real.astype(np.float32))
         np.testing.assert_array_equal(rows[real], batch["index"][real])
     index = np.concatenate([b["index"] for b in batches])
     assert sorted(index[index >= 0].tolist()) == list(range(50))
     last = batches[-1]
-    assert last["weights"].tolist() == [1, 1] + [0] * 6
+    assert last["example_mask"].tolist() == [1, 1] + [0] * 6
     assert last["index"][2:].tolist() == [-1] * 6
 
 
@@ -135,7 +137,7 @@ def test_eval_limit_takes_the_first_examples():
     assert len(batches) == 3
     index = np.concatenate([b["index"] for b in batches])
     assert sorted(index[index >= 0].tolist()) == list(range(10))
-    assert sum(b["weights"].sum() for b in batches) == 10
+    assert sum(b["example_mask"].sum() for b in batches) == 10
 
 
 def test_batch_shapes_are_bounded_by_the_buckets():
@@ -162,3 +164,17 @@ def test_process_slice_partitions_the_global_batch():
         np.testing.assert_array_equal(np.concatenate([s[key] for s in slices]), batch[key])
     with pytest.raises(ValueError, match="does not split evenly"):
         batching.process_slice(batch, 0, 3)
+
+
+def test_word_arrays_are_sliced_by_row_and_kept_whole():
+    """A tagging task's per-word arrays ride along: rows like every array, full `max_words` width
+    whatever the length bucket; `lengths` becomes `attention_mask`."""
+    ds = make_dataset(20)
+    max_words = 126
+    ds["word_starts"] = np.arange(20 * max_words, dtype=np.int32).reshape(20, max_words)
+    ds["num_words"] = np.arange(20, dtype=np.int32)
+    for batch in batching.eval_batches(ds, global_batch_size=8, buckets=BUCKETS):
+        rows = check_batch(batch, ds, 8)
+        assert "lengths" not in batch
+        np.testing.assert_array_equal(batch["word_starts"], ds["word_starts"][rows])
+        np.testing.assert_array_equal(batch["num_words"], rows)

@@ -25,7 +25,7 @@ from benchmarks import (
     profile_step,
     train_speed,
 )
-from stackft_jax import sharding, steps
+from stackft_jax import sharding
 from stackft_jax.models import bert, dropout
 
 FIXTURE_TRAIN = Path(__file__).resolve().parent / "fixtures" / "qqp" / "train.tsv"
@@ -188,7 +188,7 @@ def test_model_variants_compute_the_same_function(variant, tiny_model_and_batch)
 
     def loss(params):
         logits = nnx.merge(m.graphdef, params)(batch, deterministic=True)
-        loss_sum, stats = steps.task_loss(logits, batch, m.task.kind)
+        loss_sum, stats = m.task.objective.loss(logits, batch)
         return loss_sum / stats["count"]
 
     expected = jax.value_and_grad(loss)(m.params)

@@ -1,4 +1,4 @@
-"""GLUE readers and the task registry, on the invented fixtures in tests/fixtures/."""
+"""GLUE readers, example keys and the task registry, on the invented fixtures in tests/fixtures/."""
 
 from collections import Counter
 from pathlib import Path
@@ -6,16 +6,18 @@ from pathlib import Path
 import datasets
 import pytest
 
-from stackft_jax.data import glue, tasks
+from stackft_jax import objectives
+from stackft_jax.data import glue, task_spec, tasks
 from stackft_jax.data.samples import sample_path
-from stackft_jax.data.tasks import Example
+from stackft_jax.data.sentence_task import Example
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def test_get_task_names_the_config_key_and_choices():
     assert tasks.get_task("qqp").metrics == ("accuracy", "f1")
-    assert tasks.get_task("stsb").kind == "regression"
+    assert tasks.get_task("stsb").objective is objectives.REGRESSION
+    assert tasks.get_task("sst2").objective is objectives.CLASSIFICATION
     with pytest.raises(ValueError, match=r"data\.task") as info:
         tasks.get_task("quora")
     for name in ("qqp", "mrpc", "stsb", "sst2"):
@@ -30,6 +32,11 @@ def test_qqp_glue_layout_keeps_quotes_and_empty_questions():
         "How do I keep basil alive indoors?",
         "What is the trick to growing basil on a windowsill?",
         1,
+        task_spec.example_key(
+            "1000",
+            "How do I keep basil alive indoors?",
+            "What is the trick to growing basil on a windowsill?",
+        ),
     )
     # QUOTE_NONE: quotes are text, not field delimiters.
     assert examples[9].text_a == 'What does "bona fide" mean?'
@@ -47,7 +54,13 @@ def test_qqp_glue_test_layout_is_unlabeled():
 def test_qqp_bimpm_layout_has_no_header():
     bimpm = glue.read_qqp(FIXTURES / "qqp" / "bimpm.tsv", config_key="data.train_file")
     glue_layout = glue.read_qqp(FIXTURES / "qqp" / "train.tsv", config_key="data.train_file")
-    assert bimpm == glue_layout[:6]
+    content = lambda examples: [(e.text_a, e.text_b, e.label) for e in examples]  # noqa: E731
+    assert content(bimpm) == content(glue_layout[:6])
+    # The key's id is the BiMPM file's own (last) column; the text hash is the same.
+    assert [e.key.split("-") for e in bimpm[:2]] == [
+        ["500", glue_layout[0].key.split("-")[1]],
+        ["501", glue_layout[1].key.split("-")[1]],
+    ]
 
 
 def test_qqp_unrecognized_layout(tmp_path):
@@ -79,15 +92,18 @@ def test_sst2_single_sentences():
     examples = glue.read_sst2(FIXTURES / "sst2" / "train.tsv", config_key="data.train_file")
     assert len(examples) == 8
     assert all(e.text_b is None for e in examples)
-    assert examples[6] == Example('a "thriller" with no thrills ', None, 0)
+    assert examples[6] == Example(
+        'a "thriller" with no thrills ',
+        None,
+        0,
+        task_spec.example_key("line8", 'a "thriller" with no thrills ', None),
+    )
     test = glue.read_sst2(FIXTURES / "sst2" / "test.tsv", config_key="data.test_file")
     assert [e.label for e in test] == [-1, -1, -1]
 
 
 QQP_HEADER = "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n"
-STSB_HEADER = (
-    "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
-)
+STSB_HEADER = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
 STSB_ROW = "0\tg\tf\t2024\t0\tnone\tnone\tA cat sits.\tA cat is sitting.\t"
 
 
@@ -118,14 +134,14 @@ def test_malformed_line_names_file_and_line(tmp_path, reader, header, bad_line, 
 
 def test_missing_file_names_the_config_key(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"data\.dev_file"):
-        tasks.load_examples(tasks.get_task("mrpc"), "dev", tmp_path / "nope.tsv")
+        task_spec.read_examples(tasks.get_task("mrpc"), "dev", tmp_path / "nope.tsv")
 
 
-def test_load_examples_from_local_file_uses_the_task_reader():
-    examples = tasks.load_examples(tasks.get_task("sst2"), "train", FIXTURES / "sst2" / "train.tsv")
+def test_read_examples_from_local_file_uses_the_task_reader():
+    examples = task_spec.read_examples(tasks.get_task("sst2"), "train", FIXTURES / "sst2" / "train.tsv")
     assert len(examples) == 8
     with pytest.raises(ValueError, match="unknown split"):
-        tasks.load_examples(tasks.get_task("sst2"), "validation", None)
+        task_spec.read_examples(tasks.get_task("sst2"), "validation", None)
 
 
 def test_uncached_hf_dataset_asks_for_a_local_file(monkeypatch):
@@ -137,18 +153,52 @@ def test_uncached_hf_dataset_asks_for_a_local_file(monkeypatch):
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(FileNotFoundError, match=r"`data\.dev_file`") as info:
-        tasks.load_examples(tasks.get_task("qqp"), "dev", None)
+        task_spec.read_examples(tasks.get_task("qqp"), "dev", None)
     assert "cached" in str(info.value)
     assert calls == [(("nyu-mll/glue", "qqp"), {"split": "validation"})]
 
 
-def test_examples_from_hf_columns():
-    rows = {"sentence1": ["A b.", "C d."], "sentence2": ["E f.", "G h."], "label": [3.5, 1]}
-    examples = glue.examples_from_hf(tasks.get_task("stsb"), rows)
-    assert examples == [Example("A b.", "E f.", 3.5), Example("C d.", "G h.", 1.0)]
+def test_hub_rows_become_examples_keyed_by_idx(monkeypatch):
+    hub = {
+        ("nyu-mll/glue", "stsb", "validation"): {
+            "sentence1": ["A b.", "C d."],
+            "sentence2": ["E f.", "G h."],
+            "label": [3.5, 1],
+            "idx": [0, 1],
+        },
+        ("nyu-mll/glue", "sst2", "test"): {"sentence": ["ok"], "label": [-1], "idx": [7]},
+    }
+    monkeypatch.setattr(datasets, "load_dataset", lambda *args, split: hub[(*args, split)])
+    examples = task_spec.read_examples(tasks.get_task("stsb"), "dev", None)
+    assert examples == [
+        Example("A b.", "E f.", 3.5, task_spec.example_key("0", "A b.", "E f.")),
+        Example("C d.", "G h.", 1.0, task_spec.example_key("1", "C d.", "G h.")),
+    ]
     assert isinstance(examples[1].label, float)
-    sst = glue.examples_from_hf(tasks.get_task("sst2"), {"sentence": ["ok"], "label": [-1]})
-    assert sst == [Example("ok", None, -1)]
+    sst = task_spec.read_examples(tasks.get_task("sst2"), "test", None)
+    assert sst == [Example("ok", None, -1, task_spec.example_key("7", "ok", None))]
+
+
+def test_example_keys_come_from_id_columns_or_line_numbers():
+    def keys(reader, name):
+        return [e.key.split("-")[0] for e in reader(FIXTURES / name, config_key="data.train_file")][:2]
+
+    assert keys(glue.read_qqp, "qqp/train.tsv") == ["1000", "1001"]
+    assert keys(glue.read_qqp, "qqp/test.tsv") == ["0", "1"]
+    assert keys(glue.read_mrpc, "mrpc/train.tsv") == ["3000_3001", "3002_3003"]
+    assert keys(glue.read_stsb, "stsb/train.tsv") == ["0", "1"]
+    assert keys(glue.read_sst2, "sst2/train.tsv") == ["line2", "line3"]  # no id column
+    assert keys(glue.read_sst2, "sst2/test.tsv") == ["0", "1"]
+    # The hash tells texts apart, including a missing second text from an empty one.
+    assert task_spec.example_key("1", "a", None) != task_spec.example_key("1", "a", "")
+    assert task_spec.example_key("1", "ab", "c") != task_spec.example_key("1", "a", "bc")
+
+
+def test_two_examples_with_one_key_are_an_error(tmp_path):
+    path = tmp_path / "train.tsv"
+    path.write_text(QQP_HEADER + "7\t1\t2\tWhy?\tHow?\t0\n" + "7\t1\t2\tWhy?\tHow?\t1\n")
+    with pytest.raises(ValueError, match=r"data.train_file = '.*train.tsv': examples 0 and 1 share the key"):
+        task_spec.read_examples(tasks.get_task("qqp"), "train", path)
 
 
 def test_shipped_qqp_sample_parses_with_qqp_like_balance():

@@ -14,7 +14,7 @@ from flax import nnx
 
 from configs import tiny
 from stackft_jax import checkpointing, feature_cache, sharding, steps, train
-from stackft_jax.data import batching, tasks, tokenization
+from stackft_jax.data import batching, task_spec, tasks, tokenization
 from stackft_jax.models import bert
 from stackft_jax.report import RunReport
 
@@ -31,10 +31,8 @@ def _dev_split_and_model(scalar_mix: bool):
     config.model.scalar_mix = scalar_mix
     task = tasks.get_task(config.data.task)
     model_dir = bert.resolve_model_dir(config.model.name_or_path)
-    examples = tasks.load_examples(task, "dev", config.data.dev_file)
-    ds = tokenization.tokenize_examples(
-        tokenization.load_tokenizer(model_dir), examples, max_seq_length=32, task=task
-    )
+    examples = task_spec.read_examples(task, "dev", config.data.dev_file)
+    ds = task_spec.encode_examples(task, tokenization.load_tokenizer(model_dir), examples, max_seq_length=32)
     model, _ = train.build_model(config, task, model_dir)
     return ds, model
 
@@ -62,18 +60,18 @@ def test_cache_holds_the_backbones_outputs_at_real_positions(all_layers, dtype, 
     cache = _open_or_build(tmp_path / "dev", ds, model, all_layers=all_layers, dtype=dtype)
     num_layers = 3 if all_layers else 1  # embeddings + 2 layers, or the last layer only
     # Ragged: real tokens only, nothing stored for padding.
-    assert cache.hidden_states.shape == (ds.lengths.sum(), num_layers, 32)
-    assert cache.pooled.shape == (len(ds), 32)
+    assert cache.hidden_states.shape == (ds["lengths"].sum(), num_layers, 32)
+    assert cache.pooled.shape == (batching.num_rows(ds), 32)
     assert cache.hidden_states.dtype == feature_cache.DTYPES[dtype]
     tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == "float32" else {"rtol": 1e-2, "atol": 1e-2}
-    shortest, longest = int(np.argmin(ds.lengths)), int(np.argmax(ds.lengths))
-    assert ds.lengths[shortest] < ds.lengths[longest]
+    shortest, longest = int(np.argmin(ds["lengths"])), int(np.argmax(ds["lengths"]))
+    assert ds["lengths"][shortest] < ds["lengths"][longest]
     for i in (shortest, longest, 5):
-        n = ds.lengths[i]
+        n = ds["lengths"][i]
         # Each example alone, unpadded: what the cache must hold at its real positions.
         out = model.backbone(
-            ds.input_ids[i : i + 1, :n],
-            ds.token_type_ids[i : i + 1, :n],
+            ds["input_ids"][i : i + 1, :n],
+            ds["token_type_ids"][i : i + 1, :n],
             np.ones((1, n), np.int32),
             deterministic=True,
         )
@@ -88,7 +86,7 @@ def test_cache_holds_the_backbones_outputs_at_real_positions(all_layers, dtype, 
     attached = cache.attach({**batch, "index": rows})
     assert "index" not in attached and attached["hidden_states"].shape == (4, 32, num_layers, 32)
     for j, i in enumerate(rows):
-        n = ds.lengths[i]
+        n = ds["lengths"][i]
         stored = cache.hidden_states[cache.offsets[i] : cache.offsets[i + 1]]
         np.testing.assert_array_equal(attached["hidden_states"][j, :n], stored)
         assert not attached["hidden_states"][j, n:].any()

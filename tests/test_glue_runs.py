@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from configs import glue, tiny
-from stackft_jax import train
+from stackft_jax import predictions, train
 
+FIXTURES = tiny.FIXTURES
 WORDS = "the a film plot dog cat runs sleeps good bad funny dull bright quiet park river".split()
 
 
@@ -22,16 +23,26 @@ def _write_sst2(path, n=24):
 def _write_stsb(path, n=24):
     a, b = _sentences(n, 1), _sentences(n, 2)
     header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
-    rows = [f"{i}\tmain\tinvented\t2024\t{i:04d}\tnone\tnone\t{a[i]}\t{b[i]}\t{(i * 0.37) % 5:.3f}"
-            for i in range(n)]
+    rows = [
+        f"{i}\tmain\tinvented\t2024\t{i:04d}\tnone\tnone\t{a[i]}\t{b[i]}\t{(i * 0.37) % 5:.3f}"
+        for i in range(n)
+    ]
     path.write_text(header + "\n" + "\n".join(rows) + "\n")
 
 
 def _tiny_glue(task: str, train_file, head: str = "cls_mlp"):
     config = glue.get_config(f"task={task},head={head}")
     reference = tiny.get_config()
-    for key in ("model", "max_seq_length", "per_device_batch_size", "eval_per_device_batch_size",
-                "log_every_steps", "eval_every_steps", "checkpoint_every_steps", "async_checkpointing"):
+    for key in (
+        "model",
+        "max_seq_length",
+        "per_device_batch_size",
+        "eval_per_device_batch_size",
+        "log_every_steps",
+        "eval_every_steps",
+        "checkpoint_every_steps",
+        "async_checkpointing",
+    ):
         config[key] = reference[key]
     for name in config.head:
         if isinstance(config.head[name], type(config.head)):
@@ -42,10 +53,16 @@ def _tiny_glue(task: str, train_file, head: str = "cls_mlp"):
     return config
 
 
-def test_sst2_single_sentence(tmp_path):
+def test_sst2_single_sentence_and_an_unlabelled_test_file(tmp_path):
     _write_sst2(tmp_path / "sst2.tsv")
-    results = train.run(_tiny_glue("sst2", tmp_path / "sst2.tsv"), tmp_path / "run")
-    assert set(results["final"]["dev"]) == {"accuracy", "loss"}
+    config = _tiny_glue("sst2", tmp_path / "sst2.tsv")
+    config.data.test_file = str(FIXTURES / "sst2" / "test.tsv")  # GLUE's test layout: no labels
+    results = train.run(config, tmp_path / "run")
+    assert set(results["final"]) == {"dev"} and set(results["final"]["dev"]) == {"accuracy", "loss"}
+    # Predicted, not scored: keyed by the file's `index` column, without labels.
+    test = list(predictions.read(predictions.path(tmp_path / "run", "test")).values())
+    assert [r["key"].split("-")[0] for r in test] == ["0", "1", "2"]
+    assert all(set(r) == {"key", "prediction", "probabilities"} for r in test)
 
 
 def test_stsb_regression_with_a_pair_head(tmp_path):

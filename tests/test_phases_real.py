@@ -8,8 +8,8 @@ import pytest
 from flax import nnx
 
 from configs import quora
-from stackft_jax import optim, phases, sharding, steps
-from stackft_jax.data import batching, tasks, tokenization
+from stackft_jax import objectives, optim, phases, sharding, steps
+from stackft_jax.data import batching, task_spec, tasks, tokenization
 from stackft_jax.models.bert import resolve_model_dir
 from stackft_jax.train import build_model
 
@@ -22,9 +22,9 @@ def setup():
     config.max_seq_length = 32
     task = tasks.get_task("qqp")
     model_dir = resolve_model_dir(config.model.name_or_path)
-    examples = tasks.load_examples(task, "train", config.data.train_file)[:64]
-    data = tokenization.tokenize_examples(
-        tokenization.load_tokenizer(model_dir), examples, max_seq_length=32, task=task
+    examples = task_spec.read_examples(task, "train", config.data.train_file)[:64]
+    data = task_spec.encode_examples(
+        task, tokenization.load_tokenizer(model_dir), examples, max_seq_length=32
     )
     batch = batching.train_batch(data, step=0, global_batch_size=8, seed=0, buckets=(32,))
     model, _ = build_model(config, task, model_dir)
@@ -57,7 +57,7 @@ def _train(setup, phase_index, num_steps=2):
             graphdef=graphdef,
             tx=tx,
             trainable=optim.trainable_mask(labels),
-            kind="classification",
+            objective=objectives.CLASSIFICATION,
             dropout_key=jax.random.key(0),
         )
     )

@@ -7,7 +7,7 @@ import numpy as np
 from flax import nnx
 
 from configs import tiny
-from stackft_jax import optim, phases, sharding, steps
+from stackft_jax import objectives, optim, phases, sharding, steps
 from stackft_jax.data import batching
 from stackft_jax.data.tasks import get_task
 from stackft_jax.models.bert import resolve_model_dir
@@ -35,7 +35,7 @@ def _step_on(devices, params, graphdef, batch, phase):
             graphdef=graphdef,
             tx=tx,
             trainable=optim.trainable_mask(labels),
-            kind="classification",
+            objective=objectives.CLASSIFICATION,
             dropout_key=jax.random.key(0),
         ),
         in_shardings=(replicated, sharding.data_sharded(mesh)),
@@ -61,7 +61,7 @@ def test_eight_devices_match_one():
         "token_type_ids": ((np.arange(32)[None] > lengths[:, None] // 2) * mask).astype(np.int32),
         "attention_mask": mask,
         "labels": rng.integers(0, 2, size=16).astype(np.int32),
-        "weights": np.ones(16, np.float32),
+        "example_mask": np.ones(16, np.float32),
     }
     phase = phases.phases_for(config, steps_per_epoch=10, num_layers=2)[1]  # everything trains
     one, m1 = _step_on(jax.devices()[:1], params, graphdef, batch, phase)

@@ -12,8 +12,8 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import quora, tiny
-from stackft_jax import checkpointing, preemption, sharding, train
-from stackft_jax.data import tasks
+from stackft_jax import checkpointing, predictions, preemption, sharding, train
+from stackft_jax.data import glue, tasks
 from stackft_jax.models import bert
 
 
@@ -41,6 +41,9 @@ def _assert_same_run(a: Path, b: Path) -> None:
         (p["phase"], p["steps"], p["stop_reason"]) for p in rb["phases"]
     ]
     assert _eval_records(a) == _eval_records(b)
+    # Two runs' prediction files match example by example (and, bit-identical, record by record).
+    pairs = predictions.paired(predictions.path(a, "dev"), predictions.path(b, "dev"))
+    assert len(pairs) == 16 and all(x == y for x, y in pairs)
     pa, pb = _final_params(a), _final_params(b)
     jax.tree.map(np.testing.assert_array_equal, pa, pb)
 
@@ -62,6 +65,17 @@ def test_outputs(uninterrupted):
         ("phase2", 6, "dev"),
     }
     assert list((uninterrupted / "tensorboard").glob("events.out.tfevents.*"))
+    # The final dev predictions, one record per dev example in file order, agree with the final scores.
+    dev = list(predictions.read(predictions.path(uninterrupted, "dev")).values())
+    examples = glue.read_qqp(tiny.FIXTURES / "qqp" / "dev.tsv", config_key="data.dev_file")
+    assert [r["key"] for r in dev] == [e.key for e in examples] and dev[0]["key"].startswith("1000-")
+    assert [r["label"] for r in dev] == [e.label for e in examples]
+    for r in dev:
+        assert (
+            r["prediction"] == int(np.argmax(r["probabilities"])) and abs(sum(r["probabilities"]) - 1) < 1e-5
+        )
+    accuracy = np.mean([r["prediction"] == r["label"] for r in dev])
+    np.testing.assert_allclose(results["final"]["dev"]["accuracy"], accuracy)
     for name in ("phase1_end", "phase2_end", "best"):
         assert (uninterrupted / "checkpoints" / name).is_dir()
     # Phase 1 held optimizer state for the head only.

@@ -1,5 +1,11 @@
 """Fixed-shape batches: a fixed global batch size, sequence length padded up to a bucket.
 
+A dataset is a dict of per-row numpy arrays (leading dim N; data/task_spec.py). A batch takes rows of
+every array: the token arrays (`TOKEN_ARRAYS`) cut to the batch's length bucket, every other array
+whole (a tagging task's word arrays keep their full `max_words` width: a fixed shape, so no extra
+compilations, and words need no bucket of their own). `lengths` becomes `attention_mask`, and
+`example_mask` marks real rows (1) against the padding rows of the last eval batch (0).
+
 With B fixed and L drawn from `buckets`, a jitted step compiles at most len(buckets) times.
 Training batches are a pure function of (seed, step), so resuming needs only the step number.
 """
@@ -8,17 +14,16 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from stackft_jax.data.tokenization import TokenizedDataset
-
+Dataset = dict[str, np.ndarray]
 Batch = dict[str, np.ndarray]
+# [N, max_seq_length] arrays, cut to the length bucket.
+TOKEN_ARRAYS = ("input_ids", "token_type_ids")
 
 
 def length_buckets(max_seq_length: int, min_bucket: int = 32) -> tuple[int, ...]:
     """Doublings of `min_bucket` below `max_seq_length`, then it: 100 -> (32, 64, 100)."""
     if max_seq_length < 1 or min_bucket < 1:
-        raise ValueError(
-            f"need max_seq_length >= 1 and min_bucket >= 1, got {max_seq_length}, {min_bucket}"
-        )
+        raise ValueError(f"need max_seq_length >= 1 and min_bucket >= 1, got {max_seq_length}, {min_bucket}")
     buckets = []
     length = min_bucket
     while length < max_seq_length:
@@ -48,20 +53,25 @@ def _bucket_for(length: int, buckets: tuple[int, ...]) -> int:
     raise ValueError(f"an example has {length} tokens, more than the largest bucket {buckets[-1]}")
 
 
-def _gather(ds: TokenizedDataset, indices: np.ndarray, buckets: tuple[int, ...]) -> Batch:
-    lengths = ds.lengths[indices]
+def num_rows(ds: Dataset) -> int:
+    return len(ds["lengths"])
+
+
+def _gather(ds: Dataset, indices: np.ndarray, buckets: tuple[int, ...]) -> Batch:
+    lengths = ds["lengths"][indices]
     seq_len = _bucket_for(int(lengths.max()), buckets)
-    return {
-        "input_ids": ds.input_ids[indices, :seq_len],
-        "token_type_ids": ds.token_type_ids[indices, :seq_len],
-        "attention_mask": (np.arange(seq_len)[None, :] < lengths[:, None]).astype(np.int32),
-        "labels": ds.labels[indices],
-        "weights": np.ones(len(indices), np.float32),
+    batch = {
+        key: value[indices, :seq_len] if key in TOKEN_ARRAYS else value[indices]
+        for key, value in ds.items()
+        if key != "lengths"
     }
+    batch["attention_mask"] = (np.arange(seq_len)[None, :] < lengths[:, None]).astype(np.int32)
+    batch["example_mask"] = np.ones(len(indices), np.float32)
+    return batch
 
 
 def train_batch(
-    ds: TokenizedDataset,
+    ds: Dataset,
     *,
     step: int,
     global_batch_size: int,
@@ -69,13 +79,13 @@ def train_batch(
     buckets: tuple[int, ...],
 ) -> Batch:
     """Batch `step` of the endless shuffled stream; each epoch is a fresh permutation."""
-    epoch, i = divmod(step, steps_per_epoch(len(ds), global_batch_size))
-    permutation = _epoch_permutation(len(ds), seed, epoch)
+    epoch, i = divmod(step, steps_per_epoch(num_rows(ds), global_batch_size))
+    permutation = _epoch_permutation(num_rows(ds), seed, epoch)
     return _gather(ds, permutation[i * global_batch_size : (i + 1) * global_batch_size], buckets)
 
 
 def train_batches(
-    ds: TokenizedDataset,
+    ds: Dataset,
     *,
     start_step: int,
     global_batch_size: int,
@@ -85,13 +95,13 @@ def train_batches(
 ) -> Iterator[Batch]:
     """train_batch(step) for step = start_step, start_step + 1, ... forever. `with_index` adds
     `index`, each row's example (what the feature cache looks features up by)."""
-    per_epoch = steps_per_epoch(len(ds), global_batch_size)
+    per_epoch = steps_per_epoch(num_rows(ds), global_batch_size)
     step = start_step
     cached_epoch, permutation = None, None
     while True:
         epoch, i = divmod(step, per_epoch)
         if epoch != cached_epoch:
-            cached_epoch, permutation = epoch, _epoch_permutation(len(ds), seed, epoch)
+            cached_epoch, permutation = epoch, _epoch_permutation(num_rows(ds), seed, epoch)
         indices = permutation[i * global_batch_size : (i + 1) * global_batch_size]
         batch = _gather(ds, indices, buckets)
         if with_index:
@@ -101,7 +111,7 @@ def train_batches(
 
 
 def eval_batches(
-    ds: TokenizedDataset,
+    ds: Dataset,
     *,
     global_batch_size: int,
     buckets: tuple[int, ...],
@@ -110,27 +120,25 @@ def eval_batches(
     """Every example (or the first `limit`) exactly once, longest first to cut padding.
 
     `index` maps each row back to its example (-1 for padding rows). Padding rows repeat the
-    batch's first example with weight 0 rather than being empty, so they cannot produce NaNs
-    (e.g. from a fully masked attention row) that a 0 weight would not cancel.
+    batch's first example with `example_mask` 0 rather than being empty, so they cannot produce NaNs
+    (e.g. from a fully masked attention row) that a 0 mask would not cancel.
     """
-    n = len(ds) if limit is None else min(limit, len(ds))
+    n = num_rows(ds) if limit is None else min(limit, num_rows(ds))
     # Stable sort on negated length: deterministic, and the largest bucket compiles first.
-    order = np.argsort(-ds.lengths[:n], kind="stable").astype(np.int32)
+    order = np.argsort(-ds["lengths"][:n], kind="stable").astype(np.int32)
     for start in range(0, n, global_batch_size):
         indices = order[start : start + global_batch_size]
         num_real = len(indices)
         padded = np.concatenate([indices, np.full(global_batch_size - num_real, indices[0])])
         batch = _gather(ds, padded, buckets)
-        batch["weights"][num_real:] = 0.0
-        batch["index"] = np.concatenate(
-            [indices, np.full(global_batch_size - num_real, -1, np.int32)]
-        )
+        batch["example_mask"][num_real:] = 0.0
+        batch["index"] = np.concatenate([indices, np.full(global_batch_size - num_real, -1, np.int32)])
         yield batch
 
 
 def process_slice(batch: Batch, process_index: int, process_count: int) -> Batch:
     """This host's contiguous block of rows of a global batch (multi-host data loading)."""
-    size = len(batch["weights"])
+    size = len(batch["example_mask"])
     if size % process_count:
         raise ValueError(f"global batch of {size} does not split evenly over {process_count} hosts")
     if not 0 <= process_index < process_count:

@@ -1,22 +1,27 @@
-"""Readers for the GLUE sentence(-pair) tasks: QQP, MRPC, STS-B and SST-2.
+"""The GLUE sentence(-pair) tasks QQP, MRPC, STS-B and SST-2: file readers and task specs.
 
 Every physical line is one row: the csv module runs with QUOTE_NONE because MRPC texts contain
 unbalanced `"`. GLUE QQP wraps texts that contain quotes CSV-style (`"What is ""the cloud""?"`);
 QUOTE_NONE keeps that text as is, exactly as Hugging Face's GLUE loader and BERT's run_classifier
 read it, so a local file and `datasets` give the same inputs. Columns are found by header name; a
-file without the label column (the GLUE test files) gets label -1.
+file without the label column (the GLUE test files) gets label -1. Example keys use the file's id
+columns (QQP `id`, MRPC `#1 ID`/`#2 ID`, STS-B and test files `index`), else the line number.
 """
 
 import csv
+import functools
 import itertools
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from stackft_jax.data.tasks import Example, TaskSpec
+import numpy as np
+
+from stackft_jax import objectives
+from stackft_jax.data.sentence_task import UNLABELED, Example, SentenceTask
+from stackft_jax.data.task_spec import example_key
 from stackft_jax.data.text_files import decoded_lines
 
-UNLABELED = -1
 _STSB_SCORE_RANGE = (0.0, 5.0)
 
 
@@ -64,8 +69,10 @@ def _read_with_header(
     text_b: str | None,
     label: str,
     parse_label: Callable[[str, str], int | float],
+    ids: tuple[tuple[str, ...], ...],
 ) -> list[Example]:
-    """Reads the rows after the header, picking columns by name; no label column: unlabeled."""
+    """Reads the rows after the header, picking columns by name; no label column: unlabeled. The key's
+    id is the first of `ids` (column groups) the header has, else the line number."""
     header_line, header = header_row
     wanted = [text_a] + ([text_b] if text_b else [])
     missing = [name for name in wanted if name not in header]
@@ -74,17 +81,19 @@ def _read_with_header(
     col_a = header.index(text_a)
     col_b = header.index(text_b) if text_b else None
     col_label = header.index(label) if label in header else None
+    id_columns = next(([header.index(c) for c in group] for group in ids if set(group) <= set(header)), [])
     examples = []
     for line, fields in rows:
         where = f"{path}:{line}"
         if len(fields) != len(header):
             raise ValueError(
-                f"{where}: expected {len(header)} tab-separated columns like the header, "
-                f"got {len(fields)}"
+                f"{where}: expected {len(header)} tab-separated columns like the header, got {len(fields)}"
             )
         text_b_value = fields[col_b] if col_b is not None else None
         label_value = parse_label(fields[col_label], where) if col_label is not None else UNLABELED
-        examples.append(Example(fields[col_a], text_b_value, label_value))
+        source_id = "_".join(fields[c] for c in id_columns) if id_columns else f"line{line}"
+        key = example_key(source_id, fields[col_a], text_b_value)
+        examples.append(Example(fields[col_a], text_b_value, label_value, key))
     return examples
 
 
@@ -113,6 +122,7 @@ def read_qqp(path: str | Path, config_key: str) -> list[Example]:
             text_b="question2",
             label="is_duplicate",
             parse_label=lambda v, where: _class_label(v, where, 2),
+            ids=(("id",),),
         )
     if len(first) == 4 and first[0] in ("0", "1"):
         examples = []
@@ -124,7 +134,8 @@ def read_qqp(path: str | Path, config_key: str) -> list[Example]:
                     f"like the first line, got {len(fields)}"
                 )
             label = _class_label(fields[0], where, 2)
-            examples.append(Example(text_a=fields[1], text_b=fields[2], label=label))
+            key = example_key(fields[3], fields[1], fields[2])
+            examples.append(Example(text_a=fields[1], text_b=fields[2], label=label, key=key))
         return examples
     raise ValueError(
         f"{path}:{first_line}: unrecognized QQP layout: expected a header with question1/question2 "
@@ -144,6 +155,7 @@ def read_mrpc(path: str | Path, config_key: str) -> list[Example]:
         text_b="#2 String",
         label="Quality",
         parse_label=lambda v, where: _class_label(v, where, 2),
+        ids=(("#1 ID", "#2 ID"),),
     )
 
 
@@ -158,6 +170,7 @@ def read_stsb(path: str | Path, config_key: str) -> list[Example]:
         text_b="sentence2",
         label="score",
         parse_label=_score_label,
+        ids=(("index",),),
     )
 
 
@@ -172,30 +185,55 @@ def read_sst2(path: str | Path, config_key: str) -> list[Example]:
         text_b=None,
         label="label",
         parse_label=lambda v, where: _class_label(v, where, 2),
+        ids=(("index",),),
     )
 
 
-READERS: dict[str, Callable[..., list[Example]]] = {
-    "qqp": read_qqp,
-    "mrpc": read_mrpc,
-    "stsb": read_stsb,
-    "sst2": read_sst2,
-}
-
-# Column names in the Hugging Face `nyu-mll/glue` configs: (text_a, text_b); the label is `label`.
-HF_COLUMNS: dict[str, tuple[str, str | None]] = {
-    "qqp": ("question1", "question2"),
-    "mrpc": ("sentence1", "sentence2"),
-    "stsb": ("sentence1", "sentence2"),
-    "sst2": ("sentence", None),
-}
-
-
-def examples_from_hf(task: TaskSpec, rows: Mapping[str, Any]) -> list[Example]:
-    """Converts a `datasets.Dataset` (or a dict of columns) of a GLUE config to examples."""
-    col_a, col_b = HF_COLUMNS[task.name]
+def examples_from_hf(
+    rows: Mapping[str, Any], *, columns: tuple[str, str | None], label_type: type
+) -> list[Example]:
+    """A split of a Hugging Face `nyu-mll/glue` config (a `datasets.Dataset` or a dict of columns):
+    texts from `columns`, the label from `label` (already -1 in test splits), the key's id from `idx`."""
+    col_a, col_b = columns
     texts_a = list(rows[col_a])
     texts_b = list(rows[col_b]) if col_b else [None] * len(texts_a)
-    cast = float if task.kind == "regression" else int
-    labels = [cast(v) for v in rows["label"]]  # GLUE test labels are already -1
-    return [Example(a, b, y) for a, b, y in zip(texts_a, texts_b, labels, strict=True)]
+    labels = [label_type(v) for v in rows["label"]]
+    return [
+        Example(a, b, y, example_key(str(i), a, b))
+        for a, b, y, i in zip(texts_a, texts_b, labels, rows["idx"], strict=True)
+    ]
+
+
+def _glue_task(
+    name: str,
+    *,
+    reader: Callable[..., list[Example]],
+    columns: tuple[str, str | None],
+    metrics: tuple[str, ...],
+    regression: bool = False,
+) -> SentenceTask:
+    """A task of the `nyu-mll/glue` dataset: two classes, or a score; `columns` are its hub columns."""
+    label_type = float if regression else int
+    return SentenceTask(
+        name=name,
+        objective=objectives.REGRESSION if regression else objectives.CLASSIFICATION,
+        num_outputs=1 if regression else 2,
+        metrics=metrics,
+        sentence_pair=columns[1] is not None,
+        label_dtype=np.float32 if regression else np.int32,
+        reader=reader,
+        hf_dataset=("nyu-mll/glue", name),
+        examples_from_hf=functools.partial(examples_from_hf, columns=columns, label_type=label_type),
+    )
+
+
+QQP = _glue_task("qqp", reader=read_qqp, columns=("question1", "question2"), metrics=("accuracy", "f1"))
+MRPC = _glue_task("mrpc", reader=read_mrpc, columns=("sentence1", "sentence2"), metrics=("accuracy", "f1"))
+STSB = _glue_task(
+    "stsb",
+    reader=read_stsb,
+    columns=("sentence1", "sentence2"),
+    regression=True,
+    metrics=("pearson", "spearman"),
+)
+SST2 = _glue_task("sst2", reader=read_sst2, columns=("sentence", None), metrics=("accuracy",))

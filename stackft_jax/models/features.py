@@ -3,19 +3,34 @@
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 
 class Features(NamedTuple):
-    """Backbone outputs plus the batch fields a head needs for masking and sentence splitting.
+    """Backbone outputs plus the batch fields a head needs for masking, sentence splitting and words.
 
     sequence:        [batch, length, hidden] token states: the last BERT layer, or the learned
                      scalar mix of all layers when `model.scalar_mix` is on.
     pooled:          [batch, hidden] BERT pooler output (tanh dense on [CLS]).
     attention_mask:  [batch, length] 1 for real tokens, 0 for padding.
     token_type_ids:  [batch, length] 0 for the first segment ([CLS] a [SEP]), 1 for the second (b [SEP]).
+    word_starts:     word-level tasks only: [batch, max_words] position of each labelled word's first
+                     sub-token, packed left (data/word_pieces.py); None for sentence(-pair) tasks.
+    num_words:       word-level tasks only: [batch] labelled words per row.
     """
 
     sequence: jax.Array
     pooled: jax.Array
     attention_mask: jax.Array
     token_type_ids: jax.Array
+    word_starts: jax.Array | None = None
+    num_words: jax.Array | None = None
+
+    def word_states(self) -> jax.Array:
+        """[batch, max_words, hidden]: each word's first sub-token state, packed left and zero past
+        `num_words`, so a tagger (or a CRF) sees contiguous words and never a sub-token."""
+        if self.word_starts is None or self.num_words is None:
+            raise ValueError("word_states needs a word-level task's batch (word_starts and num_words)")
+        states = jnp.take_along_axis(self.sequence, self.word_starts[..., None], axis=1)
+        real = jnp.arange(self.word_starts.shape[1])[None, :] < self.num_words[:, None]
+        return jnp.where(real[..., None], states, 0)

@@ -1,5 +1,7 @@
 """BERT backbone + task head in one module, so parameters split into `backbone/...` and `head/...`."""
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -34,13 +36,15 @@ class Head(nnx.Module):
             rngs=rngs,
         )
 
-    def __call__(self, hidden_states, pooled, batch, *, deterministic: bool, rngs) -> jax.Array:
+    def __call__(self, hidden_states, pooled, batch, *, deterministic: bool, rngs) -> Any:
         sequence = self.mix(hidden_states) if self.mix is not None else hidden_states[-1]
         features = Features(
             sequence=sequence,
             pooled=pooled,
             attention_mask=batch["attention_mask"],
             token_type_ids=batch["token_type_ids"],
+            word_starts=batch.get("word_starts"),
+            num_words=batch.get("num_words"),
         )
         return self.net(features, deterministic=deterministic, rngs=rngs)
 
@@ -73,8 +77,9 @@ class TaskModel(nnx.Module):
         deterministic: bool,
         backbone_deterministic: bool = False,
         rngs: nnx.Rngs | None = None,
-    ) -> jax.Array:
-        """Logits [batch, num_outputs]. `backbone_deterministic` turns off the backbone's dropout only;
+    ) -> Any:
+        """The head's outputs in float32: logits [batch, num_outputs], or for word tagging a
+        `WordScores` (models/word_scores.py). `backbone_deterministic` turns off the backbone's dropout only;
         it then draws no dropout keys, so the head's keys do not depend on whether the backbone ran.
 
         A batch that carries cached backbone features (feature_cache.py: `hidden_states` [batch,
@@ -94,5 +99,5 @@ class TaskModel(nnx.Module):
                 rngs=rngs,
             )
             hidden_states, pooled = out.hidden_states, out.pooled
-        logits = self.head(hidden_states, pooled, batch, deterministic=deterministic, rngs=rngs)
-        return logits.astype(jnp.float32)
+        outputs = self.head(hidden_states, pooled, batch, deterministic=deterministic, rngs=rngs)
+        return jax.tree.map(lambda x: x.astype(jnp.float32), outputs)

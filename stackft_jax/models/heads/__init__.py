@@ -3,7 +3,10 @@
 Adding a head: write `heads/<name>.py` with a `default_config()` (a dict literal, each entry with a
 trailing `#` comment: `--show_config` prints it) and an `nnx.Module` whose constructor is
 `(config, *, hidden_size, num_outputs, dropout_rate, dtype, rngs)` and whose call is
-`(features: Features, *, deterministic, rngs) -> [batch, num_outputs]` logits; then add one line below.
+`(features: Features, *, deterministic, rngs) -> outputs`; then add one line below. The outputs are what
+the task's objective (objectives.py) takes: `[batch, num_outputs]` logits for sentence(-pair) tasks, a
+`WordScores` (models/word_scores.py) for word tagging, where `features.word_states()` gives the words.
+`num_outputs` is the task's number of classes or tags (1 for regression).
 """
 
 import ml_collections

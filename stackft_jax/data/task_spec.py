@@ -1,0 +1,192 @@
+"""What a task is (`TaskSpec`) and how one split of it is loaded (`load_split`).
+
+A task spec owns everything that differs between tasks: reading its files (and its Hugging Face dataset
+when online), encoding examples as per-row arrays, its objective (objectives.py: loss and predictions),
+its scores, and the per-example records of its prediction files. Nothing outside a task's module asks
+which task it is. Family modules (glue.py, conll.py, ...) implement it; tasks.py registers them by name.
+
+An encoded split is a dict of numpy arrays with a leading row dimension N. Every task has
+`input_ids`, `token_type_ids` [N, max_seq_length] and `lengths` [N]; the rest is the task's own
+(`labels` [N] for a sentence task; `labels`, `word_starts` [N, max_words] and `num_words` [N] for
+tagging). A row is usually one example; a long sentence of a tagging task may take several rows.
+"""
+
+import abc
+import dataclasses
+import hashlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from stackft_jax.data import batching, tokenization
+from stackft_jax.objectives import Objective
+
+SPLITS = ("train", "dev", "test")
+_HF_SPLIT_NAMES = {"train": "train", "dev": "validation", "test": "test"}
+
+
+class TaskSpec(abc.ABC):
+    """A task: subclass it for a family of tasks, make one instance per task, register it in tasks.py.
+
+    Examples may be of any type with a `key: str` attribute: stable across runs that read the same file
+    (the file's id column or line number, plus a short hash of the input text), unique within a split.
+    """
+
+    name: str  # the registry name, config key `data.task`
+    objective: Objective
+    num_outputs: int  # what the head outputs per example or word: classes, tags, or 1 (regression)
+    metrics: tuple[str, ...]  # score names; the first is the primary one (best checkpoint, early stop)
+
+    @abc.abstractmethod
+    def read_file(self, path: Path, *, config_key: str) -> list[Any]:
+        """The examples of a local file, in file order; errors name `path:line` (or `config_key`)."""
+
+    @abc.abstractmethod
+    def read_hub(self, split: str, *, config_key: str) -> list[Any]:
+        """The examples of `split` ("train", "dev" or "test") of the task's Hugging Face dataset; use
+        `hub_rows` so that an offline machine gets an error naming `config_key`."""
+
+    def encoding_options(self, data_config: Mapping[str, Any]) -> dict[str, Any]:
+        """The `config.data` values that `encode` depends on (they are part of the cache key)."""
+        return {}
+
+    @abc.abstractmethod
+    def encode(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        examples: Sequence[Any],
+        *,
+        max_seq_length: int,
+        options: Mapping[str, Any],
+    ) -> batching.Dataset:
+        """Per-row arrays (module docstring), right-padded to `max_seq_length` tokens."""
+
+    @abc.abstractmethod
+    def is_labelled(self, examples: Sequence[Any]) -> bool:
+        """False for unlabelled splits (GLUE test files): they are predicted, not scored."""
+
+    @abc.abstractmethod
+    def score(self, split: "Split", rows: Mapping[str, np.ndarray]) -> dict[str, float]:
+        """The task's metrics from the objective's per-row predictions `rows`, in row order. `rows` may
+        cover only the split's first rows (the train subset scored for the train/dev gap). An undefined
+        score is NaN, with a warning, never a silent 0."""
+
+    @abc.abstractmethod
+    def prediction_records(self, split: "Split", rows: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
+        """One JSON-ready record per example, in file order, with its `key` (predictions.py)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """One split of a task, read and encoded."""
+
+    name: str  # "train", "dev" or "test"
+    examples: Sequence[Any]  # as the task read them, in file order
+    arrays: batching.Dataset  # encoded rows (module docstring)
+    labelled: bool
+
+    @property
+    def num_rows(self) -> int:
+        return batching.num_rows(self.arrays)
+
+
+def example_key(source_id: str, *texts: str | None) -> str:
+    """`<source_id>-<8 hex digits of the texts' hash>`: matches across runs over the same file, and
+    differs when the same id holds other text (a different file)."""
+    h = hashlib.sha256()
+    for text in texts:
+        # \x00 separates texts and \x01 marks a missing one, so no two inputs collide.
+        h.update(b"\x00" + (b"\x01" if text is None else text.encode()))
+    return f"{source_id}-{h.hexdigest()[:8]}"
+
+
+def hub_rows(dataset: tuple[str, ...], split: str, *, config_key: str) -> Any:
+    """`datasets.load_dataset(*dataset)` for `split`; any failure (offline, not cached) is an error
+    that asks for the local file of `config_key`."""
+    import datasets
+
+    hf_split = _HF_SPLIT_NAMES[split]
+    try:
+        return datasets.load_dataset(*dataset, split=hf_split)
+    except Exception as e:  # offline, not cached, or no network: all mean "give a local file"
+        raise FileNotFoundError(
+            f"could not load {'/'.join(dataset)} split {hf_split!r} with `datasets` "
+            f"(is it cached? offline runs need the cache): {e}. "
+            f"Set `{config_key}` to a local file instead."
+        ) from e
+
+
+def read_examples(task: TaskSpec, split: str, path: str | Path | None) -> list[Any]:
+    """`split` of `task` from the local file `path`, or from the Hugging Face dataset when None.
+    A split without examples, or with two examples of one key, is an error naming the file."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose one of {SPLITS}")
+    config_key = f"data.{split}_file"
+    if path is None:
+        examples = task.read_hub(split, config_key=config_key)
+    else:
+        examples = task.read_file(Path(path), config_key=config_key)
+    source = _source(task, split, path)
+    if not examples:
+        raise ValueError(f"{source}: the file holds no examples (a header only?)")
+    seen: dict[str, int] = {}
+    for position, example in enumerate(examples):
+        first = seen.setdefault(example.key, position)
+        if first != position:
+            raise ValueError(
+                f"{source}: examples {first} and {position} share the key {example.key!r} (the same id "
+                "and text twice); prediction files need one key per example"
+            )
+    return examples
+
+
+def _source(task: TaskSpec, split: str, path: str | Path | None) -> str:
+    if path is None:
+        return f"the Hugging Face dataset of task {task.name!r}, split {split!r}"
+    return f"data.{split}_file = {str(path)!r}"
+
+
+def encode_examples(
+    task: TaskSpec,
+    tokenizer: PreTrainedTokenizerBase,
+    examples: Sequence[Any],
+    *,
+    max_seq_length: int,
+    options: Mapping[str, Any] | None = None,
+    cache_dir: str | Path | None = None,
+) -> batching.Dataset:
+    """`task.encode`, through the on-disk cache when `cache_dir` is given."""
+    options = dict(options or {})
+    return tokenization.cached(
+        lambda: task.encode(tokenizer, examples, max_seq_length=max_seq_length, options=options),
+        cache_dir=cache_dir,
+        name=f"{task.name}-{max_seq_length}",
+        identity=f"{task.name}|{max_seq_length}|{sorted(options.items())!r}",
+        tokenizer=tokenizer,
+        examples=examples,
+    )
+
+
+def load_split(
+    task: TaskSpec,
+    split: str,
+    path: str | Path | None,
+    *,
+    tokenizer: PreTrainedTokenizerBase,
+    max_seq_length: int,
+    options: Mapping[str, Any] | None = None,
+    cache_dir: str | Path | None = None,
+) -> Split:
+    """Reads and encodes one split. Training and model selection need labels: an unlabelled train or
+    dev file is an error naming its config key."""
+    examples = read_examples(task, split, path)
+    labelled = task.is_labelled(examples)
+    if not labelled and split != "test":
+        raise ValueError(f"{_source(task, split, path)}: the {split} split has no labels")
+    arrays = encode_examples(
+        task, tokenizer, examples, max_seq_length=max_seq_length, options=options, cache_dir=cache_dir
+    )
+    return Split(split, examples, arrays, labelled)

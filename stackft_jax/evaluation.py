@@ -1,0 +1,83 @@
+"""Evaluation: the model over one split in padded eval batches, its per-row outputs gathered back into
+dataset order, and the task's scores.
+
+`Evaluator.evaluate` returns the objective's per-row predictions (objectives.py: class ids and class
+probabilities, regression values, or word tags), which the task turns into scores and into the records
+of WORKDIR/predictions/<split>.jsonl (predictions.py).
+"""
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from stackft_jax import sharding, steps
+from stackft_jax.data import batching
+from stackft_jax.data.task_spec import Split, TaskSpec
+from stackft_jax.feature_cache import FeatureCache
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    rows: dict[str, np.ndarray]  # per row, in dataset order (the first `limit` rows when limited)
+    scores: dict[str, float]  # the task's metrics and `loss`; empty for an unlabelled split
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluator:
+    task: TaskSpec
+    eval_fn: Any  # jitted steps.eval_step: (params, device batch) -> {"rows", "loss_sum", "count"}
+    mesh: jax.sharding.Mesh
+    global_batch_size: int
+    buckets: tuple[int, ...]
+
+    def evaluate(
+        self, params: Any, split: Split, *, limit: int | None = None, features: FeatureCache | None = None
+    ) -> Evaluation:
+        """`split` (its first `limit` rows), from its cached backbone features when `features` is given."""
+        num_rows = split.num_rows if limit is None else min(limit, split.num_rows)
+        rows: dict[str, np.ndarray] = {}
+        loss_sum, count = 0.0, 0.0
+        for batch in batching.eval_batches(
+            split.arrays, global_batch_size=self.global_batch_size, buckets=self.buckets, limit=limit
+        ):
+            index = batch.pop("index")
+            if features is not None:
+                # Padding rows repeat the batch's first example (eval_batches); so do their features.
+                batch["index"] = np.where(index >= 0, index, index[0])
+            local = batching.process_slice(batch, jax.process_index(), jax.process_count())
+            if features is not None:
+                local = features.attach(local)
+            out = sharding.to_host(self.eval_fn(params, sharding.put_batch(local, self.mesh)))
+            real = index >= 0
+            for key, value in out["rows"].items():
+                value = np.asarray(value)
+                if key not in rows:
+                    rows[key] = np.empty((num_rows, *value.shape[1:]), value.dtype)
+                rows[key][index[real]] = value[real]
+            loss_sum += float(out["loss_sum"])
+            count += float(out["count"])
+        if not split.labelled:
+            return Evaluation(rows, {})
+        scores = self.task.score(split, rows)
+        return Evaluation(rows, {**scores, "loss": loss_sum / max(count, 1.0)})
+
+
+def build_evaluator(
+    task: TaskSpec,
+    graphdef: nnx.GraphDef,
+    mesh: jax.sharding.Mesh,
+    *,
+    global_batch_size: int,
+    buckets: tuple[int, ...],
+) -> Evaluator:
+    """The evaluator of `task`'s model `graphdef`; its eval step is jitted once (per length bucket)."""
+    eval_fn = jax.jit(
+        functools.partial(steps.eval_step, graphdef=graphdef, objective=task.objective),
+        in_shardings=(sharding.replicated(mesh), sharding.data_sharded(mesh)),
+        out_shardings=sharding.replicated(mesh),
+    )
+    return Evaluator(task, eval_fn, mesh, global_batch_size, buckets)

@@ -1,0 +1,54 @@
+"""What tagging heads return: per-word scores that own their loss and decoding (objectives.WordScores).
+
+Both hold scores for a packed word sequence per row ([batch, max_words, num_tags]: the first sub-token
+states that `Features.word_states` gathers); positions at or past a row's `num_words` are padding.
+
+  WordLogits     independent per-word scores (a softmax tagger): cross-entropy summed over the words,
+                 argmax per word.
+  CrfWordScores  emissions plus a linear-chain CRF's potentials (models/crf.py): sequence negative
+                 log-likelihood by the forward algorithm, Viterbi decoding.
+"""
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from stackft_jax.models import crf
+
+PAD_TAG = crf.PAD_TAG
+
+
+def _real_words(scores: jax.Array, num_words: jax.Array) -> jax.Array:
+    return jnp.arange(scores.shape[1])[None, :] < num_words[:, None]  # [batch, max_words]
+
+
+@flax.struct.dataclass
+class WordLogits:
+    logits: jax.Array  # [batch, max_words, num_tags]
+
+    def negative_log_likelihood(self, labels: jax.Array, num_words: jax.Array) -> jax.Array:
+        real = _real_words(self.logits, num_words)
+        # Padding labels (-1) are replaced before indexing; their loss is masked out anyway.
+        per_word = optax.softmax_cross_entropy_with_integer_labels(
+            self.logits.astype(jnp.float32), jnp.where(real, labels, 0)
+        )
+        return jnp.sum(per_word * real, axis=1)
+
+    def decode(self, num_words: jax.Array) -> jax.Array:
+        best = jnp.argmax(self.logits, axis=-1).astype(jnp.int32)
+        return jnp.where(_real_words(self.logits, num_words), best, PAD_TAG)
+
+
+@flax.struct.dataclass
+class CrfWordScores:
+    emissions: jax.Array  # [batch, max_words, num_tags]
+    potentials: crf.Potentials  # the head's CRF.potentials(), constraints applied
+
+    def negative_log_likelihood(self, labels: jax.Array, num_words: jax.Array) -> jax.Array:
+        log_z = crf.log_partition(self.emissions, num_words, self.potentials)
+        return log_z - crf.sequence_score(self.emissions, labels, num_words, self.potentials)
+
+    def decode(self, num_words: jax.Array) -> jax.Array:
+        tags, _ = crf.decode(self.emissions, num_words, self.potentials)
+        return tags.astype(jnp.int32)
