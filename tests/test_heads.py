@@ -14,7 +14,8 @@ from flax import nnx
 
 from stackft_jax.models.features import Features
 from stackft_jax.models.heads import HEADS, default_head_configs
-from stackft_jax.models.heads.pair_ops import MaskedBiLstm, split_pair
+from stackft_jax.models.heads.pair_ops import split_pair
+from stackft_jax.models.layers import MaskedBiLstm
 
 HIDDEN = 16
 LENGTH = 16
@@ -230,9 +231,7 @@ def test_split_pair_extracts_both_sentences():
     totals = [8, 8, 4, 5]
     mask = (np.arange(10)[None, :] < np.array(totals)[:, None]).astype(np.int32)
     sequence = np.broadcast_to(np.arange(1, 11, dtype=np.float32)[None, :, None], (4, 10, 2))
-    features = Features(
-        jnp.asarray(sequence), jnp.zeros((4, 2)), jnp.asarray(mask), jnp.asarray(token_type)
-    )
+    features = Features(jnp.asarray(sequence), jnp.zeros((4, 2)), jnp.asarray(mask), jnp.asarray(token_type))
     p, q = split_pair(features)
 
     def positions(sentence):  # 1-based positions per row, zeros for padding

@@ -17,15 +17,8 @@ from flax import nnx
 from stackft_jax.models.dense import Dense
 from stackft_jax.models.dropout import Dropout
 from stackft_jax.models.features import Features
-from stackft_jax.models.heads.pair_ops import (
-    MaskedBiLstm,
-    Sentence,
-    last_valid,
-    masked_max,
-    split_pair,
-    stack_pair,
-    unstack_pair,
-)
+from stackft_jax.models.heads.pair_ops import Sentence, split_pair, stack_pair, unstack_pair
+from stackft_jax.models.layers import MaskedBiLstm, last_valid, masked_max
 
 _EPS = 1e-8
 # Matching strategies, in the order of the rows of each direction's weight and of the output blocks.

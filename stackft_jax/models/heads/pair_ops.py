@@ -1,16 +1,15 @@
 """Pieces the sentence-pair heads (bimpm, sim_transformer, esim) share.
 
 BERT encodes a pair jointly as `[CLS] a [SEP] b [SEP] pad...`; the pair heads want two separate,
-left-aligned sentences. `split_pair` cuts them out with static shapes, `masked_mean` and
-`masked_max` pool over padding, and `MaskedBiLstm` runs a bidirectional LSTM whose backward
-direction starts at the last real token.
+left-aligned sentences. `split_pair` cuts them out with static shapes; `stack_pair` lets one shared
+layer run over both. Layers that are not pair-specific (masked pooling, the BiLSTM) are in
+models/layers.py.
 """
 
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from stackft_jax.models.features import Features
 
@@ -61,55 +60,6 @@ def split_pair(features: Features, dtype: jnp.dtype | None = None) -> tuple[Sent
     keep_a = first & (rank_a >= 1) & (rank_a < count_a - 1)
     keep_b = second & (rank_b < count_b - 1)
     return _pack(states, keep_a), _pack(states, keep_b)
-
-
-def masked_max(x: jax.Array, mask: jax.Array, axis: int) -> jax.Array:
-    """Max of `x` over `axis` where `mask` (broadcastable to x) is True; 0 where nothing is."""
-    out = jnp.where(mask, x, jnp.finfo(x.dtype).min).max(axis=axis)
-    return jnp.where(mask.any(axis=axis), out, 0).astype(x.dtype)
-
-
-def masked_mean(x: jax.Array, mask: jax.Array, axis: int) -> jax.Array:
-    """Mean of `x` over `axis` where `mask` (broadcastable to x) is True; 0 where nothing is."""
-    weights = jnp.broadcast_to(mask, x.shape).astype(x.dtype)
-    return (x * weights).sum(axis=axis) / jnp.maximum(weights.sum(axis=axis), 1)
-
-
-def last_valid(x: jax.Array, lengths: jax.Array) -> jax.Array:
-    """x[b, lengths[b] - 1] for left-aligned [batch, length, dim] x; zeros for empty rows."""
-    index = jnp.maximum(lengths - 1, 0)
-    last = jnp.take_along_axis(x, index[:, None, None], axis=1)[:, 0]
-    return jnp.where((lengths > 0)[:, None], last, 0).astype(x.dtype)
-
-
-class MaskedBiLstm(nnx.Module):
-    """A BiLSTM over left-aligned padded sequences (Flax's `nnx.RNN` scans, `seq_lengths` masking).
-
-    Returns the per-position outputs [batch, length, 2 * units] (forward then backward, zero at
-    padding) and the final state [batch, 2 * units]: the forward output at the last real token and
-    the backward output at the first, where each direction has read the whole sentence.
-    """
-
-    def __init__(self, in_features: int, units: int, *, dtype: jnp.dtype, rngs: nnx.Rngs):
-        self.units = units
-
-        def direction() -> nnx.RNN:
-            cell = nnx.OptimizedLSTMCell(in_features, units, dtype=dtype, rngs=rngs)
-            # rngs=False: the carry starts at zeros passed in below, so no RNG state is kept.
-            return nnx.RNN(cell, rngs=False)
-
-        self.bilstm = nnx.Bidirectional(direction(), direction(), rngs=False)
-
-    def __call__(self, x: jax.Array, lengths: jax.Array) -> tuple[jax.Array, jax.Array]:
-        # A float32 cell state whatever the compute dtype: it accumulates over the whole sentence.
-        zeros = jnp.zeros((x.shape[0], self.units), jnp.float32)
-        carry = (zeros, zeros)
-        outputs = self.bilstm(x, initial_carry=(carry, carry), seq_lengths=lengths)
-        mask = jnp.arange(x.shape[1])[None, :, None] < lengths[:, None, None]
-        outputs = jnp.where(mask, outputs, 0).astype(x.dtype)
-        forward_last = last_valid(outputs[..., : self.units], lengths)
-        backward_first = outputs[:, 0, self.units :]  # already zero for an empty sentence
-        return outputs, jnp.concatenate([forward_last, backward_first], axis=-1)
 
 
 def stack_pair(p: jax.Array, q: jax.Array) -> jax.Array:

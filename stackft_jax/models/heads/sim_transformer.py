@@ -18,13 +18,8 @@ from stackft_jax.models.dense import Dense
 from stackft_jax.models.dropout import Dropout
 from stackft_jax.models.features import Features
 from stackft_jax.models.heads.bimpm import BiMpmMatching
-from stackft_jax.models.heads.pair_ops import (
-    masked_max,
-    masked_mean,
-    split_pair,
-    stack_pair,
-    unstack_pair,
-)
+from stackft_jax.models.heads.pair_ops import split_pair, stack_pair, unstack_pair
+from stackft_jax.models.layers import masked_max, masked_mean
 
 
 def default_config() -> ml_collections.ConfigDict:
