@@ -2,7 +2,7 @@
 
 Keys that form the interface (see README, "Configuration"):
   model.name_or_path         hub id (bert-base-uncased), local folder, or "embedded:minilm"
-  data.task                  qqp | mrpc | stsb | sst2
+  data.task                  qqp | mrpc | stsb | sst2 | conll2003
   data.train_file / dev_file / test_file   local files; unset -> the Hugging Face dataset
   strategy                   finetune_only | stack_only | stack_and_finetune
   seed, max_seq_length, per_device_batch_size (global batch = per-device x device count)
@@ -51,11 +51,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.head.dropout_rate = 0.1  # dropout inside the head
 
     c.data = ml_collections.ConfigDict()
-    c.data.task = "qqp"  # qqp | mrpc | stsb | sst2
+    c.data.task = "qqp"  # qqp | mrpc | stsb | sst2 | conll2003 (stackft_jax/data/tasks.py)
     c.data.train_file = placeholder(str)  # local file; unset: the Hugging Face dataset
     c.data.dev_file = placeholder(str)  # local file; unset: the Hugging Face dataset
     c.data.test_file = placeholder(str)  # local file, scored at the end; unset: no test split
     c.data.cache_dir = placeholder(str)  # tokenized-data cache; default ~/.cache/stackft_jax
+    # Word tagging: fill each window with the neighbouring sentences of the same document (unlabelled).
+    c.data.document_context = False
 
     c.phase1 = ml_collections.ConfigDict()  # the frozen-backbone phase (stack_only, and s&f's first)
     c.phase1.learning_rate = 1e-3  # peak learning rate of the head

@@ -1,6 +1,7 @@
 """A tiny randomly initialised BERT on the test fixtures: seconds per run, for tests and smoke checks.
 
 python -m stackft_jax.main --config=configs/tiny.py --workdir=/tmp/tiny
+python -m stackft_jax.main --config=configs/tiny.py:conll --workdir=/tmp/tiny_conll   # word tagging
 """
 
 from pathlib import Path
@@ -8,8 +9,20 @@ from pathlib import Path
 import ml_collections
 
 from configs import common
+from stackft_jax.data.samples import sample_path
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
+
+
+def conll(c: ml_collections.ConfigDict) -> None:
+    """NER on the packaged CoNLL sample; max_seq_length 32 splits its longest sentences into windows."""
+    c.data.task = "conll2003"
+    c.data.train_file = str(sample_path("conll_train.txt"))
+    c.data.dev_file = str(sample_path("conll_dev.txt"))
+    c.head.name = "bilstm_crf"
+    for name in ("bilstm", "bilstm_crf"):
+        c.head[name].lstm_units = 8
+    c.head.token_mlp.hidden_dim = 16
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -36,5 +49,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval_every_steps = 3
     c.checkpoint_every_steps = 2
     c.async_checkpointing = False
-    common.apply_arg(c, arg, {})
+    common.apply_arg(c, arg, {"conll": conll})
     return c

@@ -50,8 +50,11 @@ def compute_metrics(names: Sequence[str], predictions: np.ndarray, labels: np.nd
 def entity_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> dict[str, float]:
     """Sequence labelling (IOB2 tag names per sentence): entity-level micro precision, recall and F1 by
     seqeval in strict IOB2 mode (an entity counts only if its B-/I- tags are well formed and its span
-    and type match exactly), F1 per entity type (`f1_PER`, ...), and token accuracy. F1 is NaN, with a
-    warning, when neither side has an entity."""
+    and type match exactly), F1 per entity type (`f1_PER`, ...), and token accuracy.
+
+    Recall and F1 are undefined without gold entities (as `binary_f1` without positives): NaN with a
+    warning, overall and for each type the gold tags lack; precision is NaN only when nothing is
+    predicted either."""
     from seqeval.metrics import accuracy_score
     from seqeval.metrics.v1 import precision_recall_fscore_support, unique_labels
     from seqeval.scheme import IOB2
@@ -59,17 +62,26 @@ def entity_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[st
     if [len(s) for s in gold] != [len(s) for s in predicted]:
         raise ValueError("gold and predicted tag sequences differ in number or length")
     gold, predicted = [list(s) for s in gold], [list(s) for s in predicted]
-    scores = {"accuracy": float(accuracy_score(gold, predicted))}
-    types = sorted({tag[2:] for sentence in gold + predicted for tag in sentence if tag != "O"})
-    if not types:
-        warnings.warn("entity F1 is undefined: no entity in the gold or predicted tags", stacklevel=2)
-        return {"f1": float("nan"), "precision": float("nan"), "recall": float("nan"), **scores}
+    scores = {"accuracy": float(accuracy_score(gold, predicted)) if gold else float("nan")}
+    gold_types = {tag[2:] for sentence in gold for tag in sentence if tag != "O"}
+    if not gold_types:
+        warnings.warn(
+            f"entity recall and F1 are undefined: the gold tags of {len(gold)} sentences hold no entity; "
+            "reported as NaN (null in the JSON files)",
+            stacklevel=2,
+        )
     kwargs = {"scheme": IOB2, "mode": "strict", "zero_division": 0}
-    precision, recall, f1, _ = precision_recall_fscore_support(gold, predicted, average="micro", **kwargs)
+    nan = float("nan")
+    if any(tag != "O" for sentence in predicted for tag in sentence) or gold_types:
+        precision, recall, f1, _ = precision_recall_fscore_support(gold, predicted, average="micro", **kwargs)
+        per_type = precision_recall_fscore_support(gold, predicted, average=None, **kwargs)[2]
+        for name, value in zip(unique_labels(gold, predicted, IOB2), per_type, strict=True):
+            scores[f"f1_{name}"] = float(value) if name in gold_types else nan
+    else:
+        precision = recall = f1 = nan
+    if not gold_types:
+        recall = f1 = nan
     scores.update(f1=float(f1), precision=float(precision), recall=float(recall))
-    per_type = precision_recall_fscore_support(gold, predicted, average=None, **kwargs)[2]
-    for name, value in zip(unique_labels(gold, predicted, IOB2), per_type, strict=True):
-        scores[f"f1_{name}"] = float(value)
     return scores
 
 

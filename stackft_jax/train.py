@@ -142,6 +142,7 @@ def build_model(config, task, model_dir: Path) -> tuple[TaskModel, bert.BertConf
         bert_config,
         config.head,
         num_outputs=task.num_outputs,
+        output_names=task.output_names,
         scalar_mix=config.model.scalar_mix,
         dtype=jnp.dtype(config.model.dtype),
         rngs=nnx.Rngs(params=config.seed),
@@ -580,6 +581,7 @@ def _run(config: ml_collections.ConfigDict, workdir: Path, mesh: jax.sharding.Me
     final = {name: done.scores for name, done in evaluations.items() if datasets[name].labelled}
     results = {
         "config": config.to_dict(),
+        "task": task.describe(),
         "strategy": config.strategy,
         "seed": config.seed,
         "num_devices": mesh.size,

@@ -210,12 +210,20 @@ def test_entity_scores_on_hand_worked_sentences():
     assert strict_org["f1"] == 0.0 and strict_org["accuracy"] == 0.0
 
 
-def test_entity_f1_without_entities_is_undefined():
-    with pytest.warns(UserWarning, match="entity F1 is undefined"):
+def test_entity_recall_and_f1_without_gold_entities_are_undefined():
+    with pytest.warns(UserWarning, match="recall and F1 are undefined"):
         scores = metrics.entity_scores([["O", "O"]], [["O", "O"]])
-    assert np.isnan(scores["f1"]) and scores["accuracy"] == 1.0
+    assert np.isnan(scores["f1"]) and np.isnan(scores["recall"]) and np.isnan(scores["precision"])
+    assert scores["accuracy"] == 1.0
+    # A false alarm where the gold has none: precision 0, recall and F1 still undefined.
+    with pytest.warns(UserWarning, match="recall and F1 are undefined"):
+        false_alarm = metrics.entity_scores([["O"]], [["B-PER"]])
+    assert false_alarm["precision"] == 0.0 and np.isnan(false_alarm["f1"]) and np.isnan(false_alarm["f1_PER"])
+    # A type the gold lacks gets NaN; the others are scored, and no warning is given.
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert metrics.entity_scores([["O"]], [["B-PER"]])["f1"] == 0.0
+        mixed = metrics.entity_scores([["B-LOC", "O"]], [["B-LOC", "B-PER"]])
+    assert (mixed["precision"], mixed["recall"], mixed["f1_LOC"]) == (0.5, 1.0, 1.0)
+    assert np.isnan(mixed["f1_PER"])
     with pytest.raises(ValueError, match="differ in number or length"):
         metrics.entity_scores([["O"]], [["O", "O"]])

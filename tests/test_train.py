@@ -33,7 +33,7 @@ def _eval_records(workdir: Path) -> list[dict]:
     return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _assert_same_run(a: Path, b: Path) -> None:
+def _assert_same_run(a: Path, b: Path, *, num_dev_examples: int = 16) -> None:
     ra, rb = (json.loads((w / "results.json").read_text()) for w in (a, b))
     assert ra["final"] == rb["final"]
     assert ra["best"] == rb["best"]
@@ -43,7 +43,7 @@ def _assert_same_run(a: Path, b: Path) -> None:
     assert _eval_records(a) == _eval_records(b)
     # Two runs' prediction files match example by example (and, bit-identical, record by record).
     pairs = predictions.paired(predictions.path(a, "dev"), predictions.path(b, "dev"))
-    assert len(pairs) == 16 and all(x == y for x, y in pairs)
+    assert len(pairs) == num_dev_examples and all(x == y for x, y in pairs)
     pa, pb = _final_params(a), _final_params(b)
     jax.tree.map(np.testing.assert_array_equal, pa, pb)
 

@@ -1,4 +1,4 @@
-"""CoNLL-2003 named-entity files: sentences of words and tags, grouped into documents.
+"""CoNLL-2003 named-entity recognition: the file reader and the task (`CONLL2003`, `data.task=conll2003`).
 
 The original files hold one `token POS chunk NER` line per word (two columns, `token NER`, are accepted
 too; the tag is the last column), a blank line after each sentence and a `-DOCSTART-` line at the start
@@ -9,6 +9,11 @@ Both are read into ONE internal scheme, IOB2, which seqeval's strict mode scores
 Documents are numbered from 0 in file order (sentences before the first `-DOCSTART-` form document 0).
 The Hugging Face rows carry no document boundaries (its loader drops the `-DOCSTART-` lines): their
 sentences get `NO_DOCUMENT`, and document context is unavailable for them.
+
+The task encodes sentences as sub-token windows whose first sub-tokens carry the word labels
+(data/word_pieces.py), trains with the word-tagging objective (objectives.py: the head's per-word
+scores own the loss and decoding), joins split sentences back and scores entities with seqeval in strict
+IOB2 mode (metrics.entity_scores). An example is a sentence; its prediction record holds its tags.
 """
 
 import dataclasses
@@ -19,12 +24,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from stackft_jax import metrics, objectives
+from stackft_jax.data import batching, word_pieces
+from stackft_jax.data.task_spec import Split, TaskSpec, hub_rows
 from stackft_jax.data.text_files import decoded_lines
+from stackft_jax.data.word_pieces import NO_DOCUMENT
 
 # CoNLL-2003's tags, in the order of the Hugging Face dataset's `ner_tags` class names.
 TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 DOCSTART = "-DOCSTART-"
-NO_DOCUMENT = -1
 _TAG = re.compile(r"O|[BI]-\S+")
 
 
@@ -131,3 +142,84 @@ def sentences_from_hf(rows: Mapping[str, Any], tag_names: Sequence[str] | None =
         stacklevel=2,
     )
     return sentences
+
+
+@dataclasses.dataclass(frozen=True)
+class ConllTask(TaskSpec):
+    """Named-entity tagging on CoNLL-format files (or the Hugging Face dataset `hf_dataset`)."""
+
+    name: str
+    hf_dataset: tuple[str, ...]  # arguments of datasets.load_dataset
+    tags: tuple[str, ...] = TAGS  # IOB2 tag names; the head outputs one score per tag, in this order
+    objective: objectives.Objective = objectives.WORD_TAGGING
+    # Entity F1 first: it picks the best checkpoint. `accuracy` (per word) is the paper's measure and
+    # what phase 1's train/dev gap compares.
+    metrics: tuple[str, ...] = ("f1", "precision", "recall", "accuracy")
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.tags)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return self.tags
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "tag_scheme": "IOB2", "scoring": metrics.ENTITY_SCORING}
+
+    def read_file(self, path: Path, *, config_key: str) -> list[Sentence]:
+        return read_conll(path, config_key=config_key, tags=self.tags)
+
+    def read_hub(self, split: str, *, config_key: str) -> list[Sentence]:
+        return sentences_from_hf(hub_rows(self.hf_dataset, split, config_key=config_key))
+
+    def encoding_options(self, data_config: Mapping[str, Any]) -> dict[str, Any]:
+        return {"document_context": bool(data_config.get("document_context", False))}
+
+    def encode(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        examples: Sequence[Sentence],
+        *,
+        max_seq_length: int,
+        options: Mapping[str, Any],
+    ) -> batching.Dataset:
+        arrays, _ = word_pieces.encode_sentences(
+            tokenizer,
+            examples,
+            tag_ids={tag: i for i, tag in enumerate(self.tags)},
+            max_seq_length=max_seq_length,
+            document_context=options.get("document_context", False),
+        )
+        return arrays
+
+    def is_labelled(self, examples: Sequence[Sentence]) -> bool:
+        return True  # the reader requires a tag on every word
+
+    def _sentence_tags(self, split: Split, predictions: np.ndarray) -> list[tuple[str, ...]]:
+        """Tag names per sentence for the sentences whose windows all lie in the first
+        `len(predictions)` rows (the whole split, or a prefix: the train subset of the gap check)."""
+        arrays = split.arrays
+        rows = len(predictions)
+        # Windows are in sentence order: the sentences before the first row left out are complete.
+        num_sentences = len(split.examples) if rows >= split.num_rows else int(arrays["sentence_index"][rows])
+        rows = int(np.searchsorted(arrays["sentence_index"], num_sentences))
+        prefix = {key: value[:rows] for key, value in arrays.items()}
+        joined = word_pieces.join_windows(predictions[:rows], prefix, split.examples[:num_sentences])
+        return [tuple(self.tags[t] for t in sentence) for sentence in joined]
+
+    def score(self, split: Split, rows: Mapping[str, np.ndarray]) -> dict[str, float]:
+        predicted = self._sentence_tags(split, rows["predictions"])
+        gold = [sentence.tags for sentence in split.examples[: len(predicted)]]
+        return metrics.entity_scores(gold, predicted)
+
+    def prediction_records(self, split: Split, rows: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
+        predicted = self._sentence_tags(split, rows["predictions"])
+        return [
+            {"key": sentence.key, "prediction": list(tags), "label": list(sentence.tags)}
+            for sentence, tags in zip(split.examples, predicted, strict=True)
+        ]
+
+
+# The Hugging Face copy of CoNLL-2003 (IOB2 tags, no document boundaries).
+CONLL2003 = ConllTask(name="conll2003", hf_dataset=("eriktks/conll2003",))

@@ -40,6 +40,15 @@ class TaskSpec(abc.ABC):
     num_outputs: int  # what the head outputs per example or word: classes, tags, or 1 (regression)
     metrics: tuple[str, ...]  # score names; the first is the primary one (best checkpoint, early stop)
 
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        """A name per output (class or tag names); heads may use them (a CRF's IOB2 constraints)."""
+        return tuple(str(i) for i in range(self.num_outputs))
+
+    def describe(self) -> dict[str, Any]:
+        """What results.json records of the task: how its outputs are named and how it is scored."""
+        return {"name": self.name, "objective": self.objective.name, "outputs": list(self.output_names)}
+
     @abc.abstractmethod
     def read_file(self, path: Path, *, config_key: str) -> list[Any]:
         """The examples of a local file, in file order; errors name `path:line` (or `config_key`)."""

@@ -15,19 +15,35 @@ windows (their number is returned), a word with no sub-token becomes the unknown
 longer than a window keeps its first sub-tokens (only the first is labelled). With `document_context`,
 the rest of each window is filled with the sub-tokens of the neighbouring sentences of the same document,
 half before and half after, unlabelled, as BERT's own NER setup did (Devlin et al. 2019, section 5.3).
-Sentences without a document (`conll.NO_DOCUMENT`: the Hugging Face rows) get no context.
+Sentences without a document (`NO_DOCUMENT`: the Hugging Face conll2003 rows) get no context.
+
+Any word-level task can use this module: its sentences need `words`, `tags` and `document` (data/conll.py's
+`Sentence` is one).
 """
 
 import logging
 import warnings
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from stackft_jax.data.conll import NO_DOCUMENT, Sentence
-
 PAD_LABEL = -1
+NO_DOCUMENT = -1  # a sentence's `document` when its document is unknown
+
+
+class Sentence(Protocol):
+    """What this module reads of a sentence."""
+
+    @property
+    def words(self) -> Sequence[str]: ...
+
+    @property
+    def tags(self) -> Sequence[str]: ...
+
+    @property
+    def document(self) -> int: ...  # sentences of one document share it; NO_DOCUMENT: unknown
 
 
 def word_piece_ids(tokenizer: PreTrainedTokenizerBase, words: Sequence[str]) -> dict[str, list[int]]:

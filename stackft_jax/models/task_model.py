@@ -1,5 +1,6 @@
 """BERT backbone + task head in one module, so parameters split into `backbone/...` and `head/...`."""
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -22,6 +23,7 @@ class Head(nnx.Module):
         *,
         bert_config: BertConfig,
         num_outputs: int,
+        output_names: Sequence[str] = (),
         scalar_mix: bool,
         dtype: jnp.dtype,
         rngs: nnx.Rngs,
@@ -31,6 +33,7 @@ class Head(nnx.Module):
             head_config,
             hidden_size=bert_config.hidden_size,
             num_outputs=num_outputs,
+            output_names=tuple(output_names),
             dropout_rate=head_config.dropout_rate,
             dtype=dtype,
             rngs=rngs,
@@ -56,6 +59,7 @@ class TaskModel(nnx.Module):
         head_config: ml_collections.ConfigDict,
         *,
         num_outputs: int,
+        output_names: Sequence[str] = (),
         scalar_mix: bool,
         dtype: jnp.dtype = jnp.float32,
         rngs: nnx.Rngs,
@@ -65,6 +69,7 @@ class TaskModel(nnx.Module):
             head_config,
             bert_config=bert_config,
             num_outputs=num_outputs,
+            output_names=output_names,
             scalar_mix=scalar_mix,
             dtype=dtype,
             rngs=rngs,

@@ -2,17 +2,18 @@
 
 Adding a head: write `heads/<name>.py` with a `default_config()` (a dict literal, each entry with a
 trailing `#` comment: `--show_config` prints it) and an `nnx.Module` whose constructor is
-`(config, *, hidden_size, num_outputs, dropout_rate, dtype, rngs)` and whose call is
+`(config, *, hidden_size, num_outputs, output_names, dropout_rate, dtype, rngs)` and whose call is
 `(features: Features, *, deterministic, rngs) -> outputs`; then add one line below. The outputs are what
 the task's objective (objectives.py) takes: `[batch, num_outputs]` logits for sentence(-pair) tasks, a
 `WordScores` (models/word_scores.py) for word tagging, where `features.word_states()` gives the words.
-`num_outputs` is the task's number of classes or tags (1 for regression).
+`num_outputs` is the task's number of classes or tags (1 for regression); `output_names` their names
+(a tagging head's CRF derives its IOB2 constraints from them; other heads ignore them).
 """
 
 import ml_collections
 from flax import nnx
 
-from stackft_jax.models.heads import bimpm, cls_mlp, esim, sim_transformer
+from stackft_jax.models.heads import bimpm, cls_mlp, esim, sim_transformer, tagger
 
 # name -> (function returning the head's default config block, head class)
 HEADS = {
@@ -21,6 +22,11 @@ HEADS = {
     "bimpm_no_context": (bimpm.no_context_default_config, bimpm.BiMpmHead),
     "sim_transformer": (sim_transformer.default_config, sim_transformer.SimTransformerHead),
     "esim": (esim.default_config, esim.EsimHead),
+    # Word tagging (NER): one module, four configurations (heads/tagger.py).
+    "token_mlp": (tagger.token_mlp_config, tagger.WordTaggerHead),
+    "bilstm": (tagger.bilstm_config, tagger.WordTaggerHead),
+    "bilstm_crf": (tagger.bilstm_crf_config, tagger.WordTaggerHead),
+    "crf": (tagger.crf_config, tagger.WordTaggerHead),
 }
 
 

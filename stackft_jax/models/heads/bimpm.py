@@ -9,6 +9,8 @@ Registered twice: `bimpm`, and `bimpm_no_context`, the same head with `use_conte
 which matches the BERT states directly.
 """
 
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -232,6 +234,7 @@ class BiMpmHead(nnx.Module):
         *,
         hidden_size: int,
         num_outputs: int,
+        output_names: Sequence[str] = (),  # class names; unused by this head
         dropout_rate: float,
         dtype: jnp.dtype,
         rngs: nnx.Rngs,

@@ -1,5 +1,7 @@
 """The paper's finetune-only head: two dense layers on the [CLS] state."""
 
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -25,6 +27,7 @@ class ClsMlpHead(nnx.Module):
         *,
         hidden_size: int,
         num_outputs: int,
+        output_names: Sequence[str] = (),  # class names; unused by this head
         dropout_rate: float,
         dtype: jnp.dtype,
         rngs: nnx.Rngs,

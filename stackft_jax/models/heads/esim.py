@@ -10,6 +10,8 @@ attention -> enhancement [a; a~; a - a~; a * a~] -> projection (dense, ReLU, bac
 embeddings, the input here is already contextual, so smaller values are a reasonable saving.
 """
 
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -44,6 +46,7 @@ class EsimHead(nnx.Module):
         *,
         hidden_size: int,
         num_outputs: int,
+        output_names: Sequence[str] = (),  # class names; unused by this head
         dropout_rate: float,
         dtype: jnp.dtype,
         rngs: nnx.Rngs,

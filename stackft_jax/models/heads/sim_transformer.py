@@ -9,6 +9,8 @@ so no [CLS] slot has to be inserted into the packed sentences; [mean_p; max_p; m
 feeds dense(tanh) -> dense. All dropouts (attention included) use the head's `dropout_rate`.
 """
 
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -96,6 +98,7 @@ class SimTransformerHead(nnx.Module):
         *,
         hidden_size: int,
         num_outputs: int,
+        output_names: Sequence[str] = (),  # class names; unused by this head
         dropout_rate: float,
         dtype: jnp.dtype,
         rngs: nnx.Rngs,

@@ -1,0 +1,180 @@
+"""The CoNLL-2003 task end to end: scores over split and prefix windows, the four tagging heads, every
+strategy, the scalar mix and the feature cache, a scored test file, and bit-identical resume."""
+
+import json
+import math
+import signal
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import tiny
+from stackft_jax import metrics, objectives, train
+from stackft_jax.data import batching, conll, tasks, tokenization
+from stackft_jax.data.samples import sample_path
+from stackft_jax.data.task_spec import Split, load_split
+from stackft_jax.models import bert
+from stackft_jax.models.task_model import TaskModel
+from tests.test_train import _assert_same_run
+
+TASK = tasks.get_task("conll2003")
+TAGGING_HEADS = ("token_mlp", "bilstm", "bilstm_crf", "crf")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tokenization.load_tokenizer(bert.resolve_model_dir(bert.EMBEDDED_MODEL))
+
+
+def _dev_split(tokenizer, max_seq_length: int) -> Split:
+    return load_split(
+        TASK, "dev", sample_path("conll_dev.txt"), tokenizer=tokenizer, max_seq_length=max_seq_length
+    )
+
+
+def test_the_task_is_registered_and_describes_its_scoring():
+    assert TASK.num_outputs == 9 and TASK.output_names == conll.TAGS
+    assert TASK.objective is objectives.WORD_TAGGING and TASK.metrics[0] == "f1"
+    described = TASK.describe()
+    assert described["tag_scheme"] == "IOB2" and "strict" in described["scoring"]
+
+
+def test_split_sentences_are_joined_and_a_prefix_scores_only_whole_sentences(tokenizer):
+    dev = _dev_split(tokenizer, max_seq_length=16)
+    arrays = dev.arrays
+    assert dev.num_rows > len(dev.examples)  # some sentences did not fit one window
+    gold = arrays["labels"]
+    perfect = TASK.score(dev, {"predictions": gold})
+    assert perfect["f1"] == 1.0 and perfect["accuracy"] == 1.0
+    records = TASK.prediction_records(dev, {"predictions": gold})
+    assert [r["key"] for r in records] == [s.key for s in dev.examples]
+    assert all(
+        r["prediction"] == r["label"] == list(s.tags) for r, s in zip(records, dev.examples, strict=True)
+    )
+
+    # A prefix ending inside a split sentence: that sentence and everything after it are not scored.
+    split_rows = np.flatnonzero(arrays["word_offset"] > 0)
+    cut = int(split_rows[0])  # this row continues a sentence started in the row before
+    predictions = gold.copy()
+    predictions[0, : arrays["num_words"][0]] = 0  # the first window says "O" everywhere
+    whole = int(arrays["sentence_index"][cut])
+    expected_first = ["O"] * arrays["num_words"][0] + list(dev.examples[0].tags[arrays["num_words"][0] :])
+    expected = metrics.entity_scores(
+        [s.tags for s in dev.examples[:whole]],
+        [expected_first] + [list(s.tags) for s in dev.examples[1:whole]],
+    )
+    assert TASK.score(dev, {"predictions": predictions[:cut]}) == expected
+
+
+def _model_outputs(config, tokenizer, max_seq_length: int):
+    """Loss and decoded tags of dev sentences that fit one 40-token window, at a given window size."""
+    model, _ = train.build_model(config, TASK, bert.resolve_model_dir(config.model.name_or_path))
+    dev = _dev_split(tokenizer, max_seq_length)
+    whole = dev.arrays["num_words"] == [len(dev.examples[i].words) for i in dev.arrays["sentence_index"]]
+    rows = np.flatnonzero(whole & (dev.arrays["lengths"] <= 40))[:6]
+    subset = {k: v[rows] for k, v in dev.arrays.items()}
+    (batch,) = batching.eval_batches(subset, global_batch_size=len(rows), buckets=(max_seq_length,))
+    order = np.argsort(batch.pop("index"))  # eval batches go longest first: back to row order
+    scores = model(jax.tree.map(np.asarray, batch), deterministic=True)
+    nll = scores.negative_log_likelihood(batch["labels"], batch["num_words"])
+    tags = scores.decode(batch["num_words"])
+    words = batch["num_words"]
+    return np.asarray(nll)[order], [np.asarray(tags)[i, : words[i]].tolist() for i in order]
+
+
+@pytest.mark.parametrize("head", TAGGING_HEADS)
+def test_tagging_heads_ignore_padding_and_respect_iob2(head, tokenizer):
+    config = tiny.get_config(f"conll,head={head}")
+    nll_short, tags_short = _model_outputs(config, tokenizer, 40)
+    nll_long, tags_long = _model_outputs(config, tokenizer, 64)  # more padded tokens and padded words
+    np.testing.assert_allclose(nll_short, nll_long, rtol=1e-5, atol=1e-5)
+    assert tags_short == tags_long and np.all(np.isfinite(nll_short))
+    if config.head[head].crf:  # random weights, yet constrained Viterbi never emits a forbidden move
+        for sentence in tags_short:
+            names = [conll.TAGS[t] for t in sentence]
+            for previous, current in zip(["O", *names], names, strict=False):
+                if current.startswith("I-"):
+                    assert previous[2:] == current[2:], names
+
+
+def test_crf_constraints_need_iob2_tag_names():
+    config = tiny.get_config("conll,head=crf")
+    with pytest.raises(ValueError, match="tag 'PER' is not IOB2"):
+        TaskModel(
+            bert.BertConfig(
+                vocab_size=30, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8
+            ),
+            config.head,
+            num_outputs=2,
+            output_names=("O", "PER"),
+            scalar_mix=False,
+            rngs=nnx.Rngs(0),
+        )
+
+
+def _final(workdir) -> dict:
+    return json.loads((workdir / "results.json").read_text())["final"]
+
+
+@pytest.fixture(scope="module")
+def conll_uninterrupted(tmp_path_factory, run_cli):
+    workdir = tmp_path_factory.mktemp("conll")
+    proc = run_cli(workdir, config="configs/tiny.py:conll,head=bilstm")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return workdir
+
+
+def test_a_tagging_run_writes_sentence_predictions(conll_uninterrupted):
+    results = json.loads((conll_uninterrupted / "results.json").read_text())
+    dev = results["final"]["dev"]
+    assert {"f1", "precision", "recall", "accuracy", "loss"} <= set(dev) and math.isfinite(dev["accuracy"])
+    assert results["task"]["outputs"] == list(conll.TAGS)
+    records = [json.loads(line) for line in (conll_uninterrupted / "predictions" / "dev.jsonl").open()]
+    sentences = conll.read_conll(sample_path("conll_dev.txt"), config_key="data.dev_file")
+    assert [r["key"] for r in records] == [s.key for s in sentences]
+    accuracy = np.mean([p == g for r in records for p, g in zip(r["prediction"], r["label"], strict=True)])
+    np.testing.assert_allclose(dev["accuracy"], accuracy)
+
+
+@pytest.mark.parametrize(
+    ("head", "args"),
+    [
+        (
+            "token_mlp",
+            ("--config.strategy=finetune_only", "--config.data.test_file=tests/fixtures/conll/iob2.txt"),
+        ),
+        # Peters et al.'s feature extraction: a BiLSTM-CRF on a scalar mix of frozen layers, from the cache.
+        (
+            "bilstm_crf",
+            (
+                "--config.strategy=stack_only",
+                "--config.model.scalar_mix=True",
+                "--config.phase1.backbone_dropout=False",
+                "--config.phase1.feature_cache=True",
+            ),
+        ),
+        ("crf", ("--config.strategy=stack_and_finetune",)),
+    ],
+)
+def test_every_tagging_head_runs_under_every_strategy(head, args, tmp_path, run_cli):
+    proc = run_cli(tmp_path, *args, config=f"configs/tiny.py:conll,head={head}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    final = _final(tmp_path)
+    assert math.isfinite(final["dev"]["accuracy"]) and final["dev"]["loss"] > 0
+    if any("test_file" in a for a in args):
+        assert set(final["test"]) >= {"f1", "accuracy"}
+        tested = [json.loads(line) for line in (tmp_path / "predictions" / "test.jsonl").open()]
+        assert len(tested) == len(conll.read_conll("tests/fixtures/conll/iob2.txt", config_key="t"))
+    if any("feature_cache=True" in a for a in args):
+        assert (tmp_path / "feature_cache").is_dir()
+
+
+def test_a_killed_tagging_run_resumes_bit_identical(conll_uninterrupted, tmp_path, run_cli):
+    config = "configs/tiny.py:conll,head=bilstm"
+    for kill_at in ("phase1:3", "phase2:5"):
+        assert run_cli(tmp_path, config=config, kill_at=kill_at).returncode == -signal.SIGKILL
+    proc = run_cli(tmp_path, config=config)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _assert_same_run(conll_uninterrupted, tmp_path, num_dev_examples=101)
