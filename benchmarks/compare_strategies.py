@@ -1,4 +1,4 @@
-"""Dev accuracy of every head x strategy x seed on one task: the comparison the papers argue about.
+"""Dev accuracy and F1 of every head x strategy x seed on one task: the comparison the papers argue about.
 
 Each run is a normal `train.run` in its own workdir (so an interrupted grid resumes where it stopped:
 finished runs are read back from their results.json). Prints a mean +- std table and writes JSON.
@@ -7,6 +7,13 @@ finished runs are read back from their results.json). Prints a mean +- std table
         --train_file=../shared/data/qqp/train.tsv --dev_file=../shared/data/qqp/dev.tsv \
         --heads=cls_mlp,bimpm,bimpm_no_context,sim_transformer,esim --seeds=0,1,2 \
         --steps=100 --out=benchmarks/out/compare_qqp
+
+Any task config works (`--config`, default configs/quora.py); for CoNLL-2003 NER, F1 is entity F1 and
+accuracy is token accuracy:
+
+    python benchmarks/compare_strategies.py --config=configs/conll03.py \
+        --train_file=../shared/data/conll2003/eng.train --dev_file=../shared/data/conll2003/eng.testa \
+        --heads=token_mlp,bilstm,bilstm_crf,crf --seeds=0 --steps=100 --out=benchmarks/out/compare_conll
 
 Runs go seed by seed (every head x strategy for seed 0, then seed 1, ...), so a grid cut short still
 has comparable cells. `--dev_examples N` scores a fixed random sample of N dev pairs (the same sample
@@ -31,8 +38,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path.home() / ".cache/stackft_jax/jax_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
 
-from configs import quora  # noqa: E402
-from stackft_jax import train, xla_flags  # noqa: E402
+from stackft_jax import config_cli, train, xla_flags  # noqa: E402
 
 xla_flags.apply_cpu_defaults()
 
@@ -40,7 +46,7 @@ STRATEGIES = ("finetune_only", "stack_only", "stack_and_finetune")
 
 
 def make_config(args: argparse.Namespace, head: str, strategy: str, seed: int):
-    config = quora.get_config()
+    config = config_cli.load(args.config)
     config.model.name_or_path = args.model
     config.data.train_file = args.train_file
     config.data.dev_file = args.dev_sample_file or args.dev_file
@@ -75,6 +81,7 @@ def write_dev_sample(dev_file: Path, num_examples: int, out: Path) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--config", default="configs/quora.py", help="task config, FILE.py[:presets]")
     parser.add_argument("--model", default="embedded:minilm")
     parser.add_argument("--train_file", default=str(REPO.parent / "shared/data/qqp/train.tsv"))
     parser.add_argument("--dev_file", default=str(REPO.parent / "shared/data/qqp/dev.tsv"))
@@ -97,6 +104,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     args.dev_sample_file = None
     if args.dev_examples:
+        if not args.dev_file.endswith(".tsv"):
+            parser.error("--dev_examples samples rows of a TSV file with a header")
         args.dev_sample_file = str(write_dev_sample(Path(args.dev_file), args.dev_examples, out))
     rows = []
     for seed in map(int, args.seeds.split(",")):
@@ -141,8 +150,10 @@ def main() -> None:
             per_seed = ", ".join(f"{x:+.1f}" for x in d["per_seed"])
             p_value = f"{d['p_value']:.3f}" if d["p_value"] is not None else "-"
             table.append(f"| {d['head']} | {d['versus']} | {d['mean']:+.2f} | {per_seed} | {p_value} |")
-    majority = majority_accuracy(Path(args.dev_sample_file or args.dev_file))
-    table += ["", f"Majority-class accuracy of the scored dev pairs: {majority:.4f}"]
+    majority = None
+    if (args.dev_sample_file or args.dev_file).endswith(".tsv"):
+        majority = majority_accuracy(Path(args.dev_sample_file or args.dev_file))
+        table += ["", f"Majority-class accuracy of the scored dev pairs: {majority:.4f}"]
     print("\n".join(table))
     (out / "compare.json").write_text(json.dumps(
         {"args": vars(args), "runs": rows, "summary": summary, "paired": paired,
