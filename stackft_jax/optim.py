@@ -56,20 +56,20 @@ def trainable_mask(labels: Params) -> Params:
 
 
 def learning_rate_schedule(
-    peak: float, *, num_steps: int, warmup_steps: int, kind: str
+    peak: float, *, num_steps: int, warmup_steps: int, shape: str
 ) -> optax.Schedule:
     """`constant`, `warmup_linear` (BERT: linear warm-up, then linear decay to 0) or `slanted_triangular`
     (Howard & Ruder 2018: the same shape, but decaying to peak/32 instead of 0)."""
     warmup_steps = min(warmup_steps, num_steps)
-    if kind == "constant":
+    if shape == "constant":
         if not warmup_steps:
             return optax.constant_schedule(peak)
         return optax.join_schedules(
             [optax.linear_schedule(0.0, peak, warmup_steps), optax.constant_schedule(peak)],
             [warmup_steps],
         )
-    if kind in ("warmup_linear", "slanted_triangular"):
-        end = 0.0 if kind == "warmup_linear" else peak / 32
+    if shape in ("warmup_linear", "slanted_triangular"):
+        end = 0.0 if shape == "warmup_linear" else peak / 32
         return optax.join_schedules(
             [
                 optax.linear_schedule(0.0, peak, warmup_steps),
@@ -78,7 +78,7 @@ def learning_rate_schedule(
             [warmup_steps],
         )
     raise ValueError(
-        f"unknown schedule {kind!r}: choose constant, warmup_linear or slanted_triangular"
+        f"unknown schedule {shape!r}: choose constant, warmup_linear or slanted_triangular"
     )
 
 
@@ -103,7 +103,7 @@ def build_optimizer(
     transforms: dict[str, optax.GradientTransformation] = {FROZEN: optax.set_to_zero()}
     for group, peak in learning_rates.items():
         lr = learning_rate_schedule(
-            peak, num_steps=num_steps, warmup_steps=warmup_steps, kind=schedule
+            peak, num_steps=num_steps, warmup_steps=warmup_steps, shape=schedule
         )
         transforms[group] = optax.adamw(
             lr, b1=0.9, b2=0.999, eps=1e-6, weight_decay=weight_decay, mask=decay

@@ -155,7 +155,8 @@ def test_a_tagging_run_writes_sentence_predictions(conll_uninterrupted):
                 "--config.phase1.feature_cache=True",
             ),
         ),
-        ("crf", ("--config.strategy=stack_and_finetune",)),
+        # BERT's own NER setup: each window filled with the neighbouring sentences of its document.
+        ("crf", ("--config.strategy=stack_and_finetune", "--config.data.document_context=True")),
     ],
 )
 def test_every_tagging_head_runs_under_every_strategy(head, args, tmp_path, run_cli):

@@ -165,12 +165,12 @@ def test_layerwise_learning_rates_decay_towards_the_embeddings():
     assert labels["backbone/embeddings/layer_norm/bias"] == "backbone_embeddings"
 
 
-@pytest.mark.parametrize("kind", ["constant", "warmup_linear", "slanted_triangular"])
-def test_schedules(kind):
-    schedule = optim.learning_rate_schedule(1.0, num_steps=100, warmup_steps=10, kind=kind)
+@pytest.mark.parametrize("shape", ["constant", "warmup_linear", "slanted_triangular"])
+def test_schedules(shape):
+    schedule = optim.learning_rate_schedule(1.0, num_steps=100, warmup_steps=10, shape=shape)
     assert float(schedule(0)) == 0.0
     assert float(schedule(10)) == pytest.approx(1.0)
-    end = {"constant": 1.0, "warmup_linear": 0.0, "slanted_triangular": 1 / 32}[kind]
+    end = {"constant": 1.0, "warmup_linear": 0.0, "slanted_triangular": 1 / 32}[shape]
     assert float(schedule(100)) == pytest.approx(end, abs=1e-6)
 
 
