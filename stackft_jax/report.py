@@ -19,14 +19,14 @@ def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """NaN and inf (an undefined metric) become null: JSON has no NaN."""
     if isinstance(value, float):
         return _finite_or_none(value)
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -89,7 +89,7 @@ class RunReport:
         if not self.enabled:
             return
         tmp = self.workdir / "results.json.tmp"
-        tmp.write_text(json.dumps(_json_safe(results), indent=2, sort_keys=True) + "\n")
+        tmp.write_text(json.dumps(json_safe(results), indent=2, sort_keys=True) + "\n")
         os.replace(tmp, self.workdir / "results.json")
 
     def predictions(self, split: str, records: list[dict[str, Any]]) -> None:

@@ -1,0 +1,70 @@
+"""Experiments: a grid of runs (axes x seeds) over one base config, and its statistical report.
+
+    python -m stackft_jax.experiment --config=configs/experiments/paper_qqp.py:small --workdir=runs/grid
+    python -m stackft_jax.experiment --config=... --workdir=runs/grid --shard=1/2   # every 2nd cell-seed
+
+A grid config (configs/experiments/*.py) holds:
+
+  base      the experiment config and its presets and keys, as `--config=` takes it
+            ("configs/quora.py:mini,data.train_file=...")
+  axes      "key=v1|v2|...; key2=..." over any config keys (strategy, head.name, phase1.num_steps, ...)
+  num_seeds seeds 0 .. num_seeds-1 per cell
+  baseline  "key=value": each other value of that axis is compared with it, for the same other axis
+            values and seed (paired)
+  metric    the metric the comparisons use (a key of results.json's `final.dev`)
+
+Every cell-seed is an ordinary run in `WORKDIR/runs/<cell>-seed<k>` (so it resumes like any run, and is
+bound to its config like any workdir); finished runs are read back, so the grid resumes where it stopped
+and a finished grid only rewrites the report (experiment_report.py). Runs go seed by seed, so a grid cut
+short still has comparable cells. `--shard=i/N` runs the cell-seeds whose position in that order is i
+mod N: N machines over one shared workdir (or merged later) split a grid; the report is written by
+whichever finds every run finished.
+"""
+
+import sys
+
+from absl import app, flags
+
+from stackft_jax import config_cli
+from stackft_jax.grid import parse_shard, run_grid
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("config", None, "grid config file, FILE.py[:presets,key=value,...]")
+flags.DEFINE_string("workdir", None, "the grid's directory: runs/ and the report")
+flags.DEFINE_string("shard", "0/1", "run only the cell-seeds at positions i mod N")
+flags.DEFINE_bool("report_only", False, "write the report of the finished runs, train nothing")
+
+
+_OVERRIDES: list[str] = []  # the `--config.KEY=VALUE` items, taken out of argv before absl parses it
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    try:
+        _OVERRIDES[:], rest = config_cli.split_override_flags(argv)
+    except config_cli.ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    return app.parse_flags_with_usage(rest)
+
+
+def main(argv: list[str]) -> None:
+    from stackft_jax import experiment_report
+
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    try:
+        grid = config_cli.load(FLAGS.config, _OVERRIDES)
+        shard = parse_shard(FLAGS.shard)
+        done = FLAGS.report_only or run_grid(grid, FLAGS.workdir, shard=shard)
+    except config_cli.ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    if done:
+        print(f"report: {experiment_report.write_report(grid, FLAGS.workdir)}")
+    else:
+        print(f"shard {FLAGS.shard} finished; the report is written once every shard has")
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["config", "workdir"])
+    app.run(main, flags_parser=_parse_flags)

@@ -1,0 +1,105 @@
+"""A grid of runs (axes x seeds) over one base config: its cells, their configs, running them.
+
+The grid config's keys and the command are described in experiment.py.
+"""
+
+import dataclasses
+import itertools
+import logging
+import re
+from pathlib import Path
+
+import ml_collections
+
+from stackft_jax import config_cli
+
+log = logging.getLogger(__name__)
+_AXIS = re.compile(r"^\s*(?P<key>[\w.]+)\s*=\s*(?P<values>[^;]+?)\s*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One cell (axis values) at one seed."""
+
+    cell: tuple[tuple[str, str], ...]  # (key, value) per axis, in axis order
+    seed: int
+
+    @property
+    def cell_name(self) -> str:
+        return "-".join(f"{key.split('.')[-1]}={value}" for key, value in self.cell) or "base"
+
+    @property
+    def name(self) -> str:
+        return f"{self.cell_name}-seed{self.seed}"
+
+    def overrides(self) -> list[str]:
+        return [f"{key}={value}" for key, value in self.cell] + [f"seed={self.seed}"]
+
+
+def parse_axes(axes: str) -> list[tuple[str, list[str]]]:
+    """`"strategy=a|b; head.name=c|d"` -> [("strategy", ["a", "b"]), ("head.name", ["c", "d"])]."""
+    parsed = []
+    for part in filter(str.strip, axes.split(";")):
+        match = _AXIS.match(part)
+        where = f"config key 'axes': {part.strip()!r}"
+        if match is None:
+            raise config_cli.ConfigError(f"{where} is not `key=value1|value2|...`")
+        values = [v.strip() for v in match["values"].split("|")]
+        if any(not v for v in values) or len(set(values)) != len(values):
+            raise config_cli.ConfigError(f"{where} has an empty or repeated value")
+        parsed.append((match["key"], values))
+    keys = [key for key, _ in parsed]
+    if len(set(keys)) != len(keys):
+        raise config_cli.ConfigError(f"config key 'axes' names a key twice: {keys}")
+    return parsed
+
+
+def runs_of(grid: ml_collections.ConfigDict) -> list[Run]:
+    """Every cell-seed of the grid, seed by seed (the order shards split)."""
+    axes = parse_axes(grid.axes)
+    keys = [key for key, _ in axes]
+    cells = [tuple(zip(keys, values, strict=True)) for values in itertools.product(*(v for _, v in axes))]
+    return [Run(cell, seed) for seed in range(grid.num_seeds) for cell in cells]
+
+
+def baseline_of(grid: ml_collections.ConfigDict) -> tuple[str, str]:
+    """The baseline's (axis key, value); it must be one of the grid's axis values."""
+    key, _, value = grid.baseline.partition("=")
+    axes = dict(parse_axes(grid.axes))
+    if key not in axes or value not in axes[key]:
+        raise config_cli.ConfigError(
+            f"config key 'baseline' = {grid.baseline!r}: expected `key=value` with key an axis and value "
+            f"one of its values ({'; '.join(f'{k}={chr(124).join(v)}' for k, v in axes.items())})"
+        )
+    return key, value
+
+
+def run_config(grid: ml_collections.ConfigDict, run: Run) -> ml_collections.ConfigDict:
+    """The base config with the run's axis values and seed (a bad key fails here, before any training)."""
+    return config_cli.load(grid.base, run.overrides())
+
+
+def run_grid(
+    grid: ml_collections.ConfigDict, workdir: str | Path, *, shard: tuple[int, int] = (0, 1)
+) -> bool:
+    """Runs this shard's unfinished cell-seeds; True when every run of the grid (all shards) is finished."""
+    index, count = shard
+    runs = runs_of(grid)
+    baseline_of(grid)
+    configs = {run: run_config(grid, run) for run in runs}  # every cell's config checked up front
+    from stackft_jax import train  # jax starts only once the grid is known to be valid
+
+    for position, run in enumerate(runs):
+        run_dir = Path(workdir) / "runs" / run.name
+        if position % count != index or (run_dir / "results.json").exists():
+            continue
+        log.info("grid run %d/%d: %s", position + 1, len(runs), run.name)
+        train.run(configs[run], run_dir)
+    return all((Path(workdir) / "runs" / run.name / "results.json").exists() for run in runs)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"(\d+)/(\d+)", text)
+    if match is None or not 0 <= int(match[1]) < int(match[2]):
+        raise config_cli.ConfigError(f"--shard={text}: expected i/N with 0 <= i < N, e.g. --shard=0/2")
+    return int(match[1]), int(match[2])

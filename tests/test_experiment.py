@@ -1,0 +1,185 @@
+"""The experiment command: grid parsing, the report's statistics on hand-made runs, and a real tiny grid
+that resumes after SIGKILL without rerunning finished cells and gives the same report when sharded."""
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+
+import ml_collections
+import numpy as np
+import pytest
+import scipy.stats
+
+from stackft_jax import config_cli, experiment_report, grid, predictions
+from tests.conftest import REPO
+
+ASO_ITERATIONS = 50  # deepsig's default of 1000 takes half a minute per comparison
+
+
+def _grid(**changes) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict(
+        {
+            "base": "configs/tiny.py",
+            "axes": "strategy=finetune_only|stack_and_finetune; head.name=cls_mlp|esim",
+            "num_seeds": 3,
+            "baseline": "strategy=finetune_only",
+            "metric": "accuracy",
+        }
+    )
+    c.update(changes)
+    return c
+
+
+def test_axes_cells_and_their_order():
+    runs = grid.runs_of(_grid())
+    assert len(runs) == 12 and [r.seed for r in runs[:4]] == [0, 0, 0, 0]  # seed by seed
+    assert runs[1].name == "strategy=finetune_only-name=esim-seed0"
+    assert runs[1].overrides() == ["strategy=finetune_only", "head.name=esim", "seed=0"]
+    config = grid.run_config(_grid(), runs[1])
+    assert (config.strategy, config.head.name, config.seed) == ("finetune_only", "esim", 0)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"axes": "strategy"}, "is not `key=value1|value2|...`"),
+        ({"axes": "strategy=a|a"}, "empty or repeated value"),
+        ({"axes": "seed=1|2; seed=3|4"}, "names a key twice"),
+        ({"baseline": "strategy=nope"}, "config key 'baseline'"),
+    ],
+)
+def test_bad_grids_are_named(changes, message):
+    with pytest.raises(config_cli.ConfigError, match=message):
+        grid.runs_of(_grid(**changes))
+        grid.baseline_of(_grid(**changes))
+
+
+def test_a_bad_key_in_an_axis_fails_before_training(tmp_path):
+    with pytest.raises(config_cli.ConfigError, match="phase1.num_stepz"):
+        grid.run_grid(_grid(axes="phase1.num_stepz=1|2", baseline="phase1.num_stepz=1"), tmp_path)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_shard_syntax():
+    assert grid.parse_shard("1/3") == (1, 3)
+    for bad in ("3/3", "1", "-1/2"):
+        with pytest.raises(config_cli.ConfigError, match="--shard"):
+            grid.parse_shard(bad)
+
+
+def _fake_run(workdir, run: grid.Run, accuracy: float, correct: list[bool]) -> None:
+    """A finished run's files as train.run writes them: results.json, dev predictions, metrics.jsonl."""
+    run_dir = workdir / "runs" / run.name
+    run_dir.mkdir(parents=True)
+    results = {
+        "final": {"dev": {"accuracy": accuracy}},
+        "final_params": "last",
+        "phases": [{"phase": "phase1", "steps": 2}, {"phase": "phase2", "steps": 2}],
+    }
+    (run_dir / "results.json").write_text(json.dumps(results))
+    records = [
+        {"key": f"ex{i}", "prediction": int(ok), "label": 1, "probabilities": [1 - ok, float(ok)]}
+        for i, ok in enumerate(correct)
+    ]
+    predictions.write(predictions.path(run_dir, "dev"), records)
+    curve = [{"split": "dev", "global_step": s, "accuracy": accuracy} for s in (2, 4)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve))
+
+
+def test_report_statistics_on_hand_made_runs(tmp_path):
+    g = _grid(axes="strategy=finetune_only|stack_and_finetune", num_seeds=3)
+    base = {0: 0.70, 1: 0.72, 2: 0.71}
+    ours = {0: 0.74, 1: 0.73, 2: 0.75}
+    for run in grid.runs_of(g):
+        table = ours if run.cell[0][1] == "stack_and_finetune" else base
+        # 4 dev examples; the baseline gets examples 0-1 right, the other cell 0-2 (+25 points).
+        correct = [True, True, run.cell[0][1] == "stack_and_finetune", False]
+        _fake_run(tmp_path, run, table[run.seed], correct)
+    path = experiment_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    report = json.loads((tmp_path / "report.json").read_text())
+
+    cell = next(c for c in report["cells"] if c["cell"]["strategy"] == "stack_and_finetune")["dev"]
+    values = list(ours.values())
+    assert cell["mean"] == pytest.approx(np.mean(values)) and cell["std"] == pytest.approx(
+        np.std(values, ddof=1)
+    )
+    half_width = scipy.stats.t.ppf(0.975, 2) * np.std(values, ddof=1) / math.sqrt(3)
+    assert cell["ci95_high"] == pytest.approx(np.mean(values) + half_width)
+    assert (cell["min"], cell["max"], cell["n"]) == (0.73, 0.75, 3)
+
+    (row,) = report["comparisons"]
+    assert row["per_seed"] == pytest.approx([0.04, 0.01, 0.04])
+    expected_p = scipy.stats.ttest_rel(values, list(base.values())).pvalue
+    assert row["t_test_p"] == pytest.approx(expected_p) and row["t_test_p_holm"] == pytest.approx(expected_p)
+    assert row["wilcoxon_p"] == pytest.approx(scipy.stats.wilcoxon(values, list(base.values())).pvalue)
+    assert 0.0 <= row["aso_epsilon"] < 0.5  # better in every seed
+    assert row["bootstrap"]["difference"] == pytest.approx(0.25)
+    assert row["bootstrap"]["ci95_low"] >= 0.0  # no resample can favour the baseline
+    assert report["majority_baseline"] == 1.0  # every parsed label is 1
+    text = path.read_text()
+    assert "| strategy=stack_and_finetune | 0.7400 ± 0.0100 |" in text and "+3.00" in text
+    assert (tmp_path / "figures" / "metric_by_cell.png").stat().st_size > 1000
+    assert (tmp_path / "figures" / "dev_curves.png").stat().st_size > 1000
+
+
+def test_holm_correction_across_the_table(tmp_path):
+    g = _grid(axes="strategy=finetune_only|stack_only|stack_and_finetune", num_seeds=3)
+    scores = {
+        "finetune_only": [0.70, 0.72, 0.71],
+        "stack_only": [0.60, 0.65, 0.61],
+        "stack_and_finetune": [0.74, 0.73, 0.76],
+    }
+    for run in grid.runs_of(g):
+        _fake_run(tmp_path, run, scores[run.cell[0][1]][run.seed], [True, False])
+    rows = experiment_report.comparisons(
+        experiment_report.load_runs(g, tmp_path), g, aso_iterations=ASO_ITERATIONS
+    )
+    raw = sorted(row["t_test_p"] for row in rows)
+    holm = sorted(row["t_test_p_holm"] for row in rows)
+    assert holm[0] == pytest.approx(min(1.0, 2 * raw[0]))  # the smallest p times the number of tests
+    assert holm[1] == pytest.approx(max(holm[0], raw[1]))
+
+
+def test_an_unfinished_run_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="has not finished"):
+        experiment_report.load_runs(_grid(), tmp_path)
+
+
+def _experiment(workdir, *args: str, wait: bool = True):
+    cmd = [sys.executable, "-m", "stackft_jax.experiment", "--config=configs/experiments/tiny.py",
+           f"--workdir={workdir}", *args]  # fmt: skip
+    if not wait:
+        return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+
+
+def _comparable(report: dict) -> dict:
+    return {key: report[key] for key in ("runs", "cells", "comparisons", "majority_baseline")}
+
+
+def test_a_killed_grid_resumes_and_shards_give_the_same_report(tmp_path):
+    whole, sharded = tmp_path / "whole", tmp_path / "sharded"
+    proc = _experiment(whole, wait=False)
+    first = whole / "runs" / "strategy=finetune_only-seed0" / "results.json"
+    deadline = time.time() + 600
+    while not first.exists():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    finished_at = first.stat().st_mtime_ns
+    done = _experiment(whole)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert first.stat().st_mtime_ns == finished_at  # the finished cell was read back, not rerun
+    assert "grid run 1/4" not in done.stderr
+
+    shards = [_experiment(sharded, f"--shard={i}/2", wait=False) for i in range(2)]
+    outputs = [p.communicate(timeout=900)[0] for p in shards]
+    assert all(p.returncode == 0 for p in shards), outputs
+    if not (sharded / "report.json").exists():  # both shards finished before the other: report now
+        assert _experiment(sharded, "--report_only").returncode == 0
+    reports = [json.loads((w / "report.json").read_text()) for w in (whole, sharded)]
+    assert _comparable(reports[0]) == _comparable(reports[1])
