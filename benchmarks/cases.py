@@ -109,7 +109,7 @@ class JaxModel:
 
 def build_jax(config: ml_collections.ConfigDict) -> JaxModel:
     """What `train.run` does before its phase loop, minus the data."""
-    task = tasks.get_task(config.data.task)
+    task = tasks.get_task(config.data.task).configure(config.data)
     model_dir = bert.resolve_model_dir(config.model.name_or_path)
     model, bert_config = train.build_model(config, task, model_dir)
     graphdef, state = nnx.split(model)

@@ -58,6 +58,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.cache_dir = placeholder(str)  # tokenized-data cache; default ~/.cache/stackft_jax
     # Word tagging: fill each window with the neighbouring sentences of the same document (unlabelled).
     c.data.document_context = False
+    # yahoo_answers: its topics in label order, snake_case names joined by "+" (or "all")
+    c.data.classes = "society_culture+science_mathematics"
+    c.data.dev_fraction = 0.1  # yahoo_answers without data.dev_file: train share held out as dev
+    c.data.truncation = "head"  # yahoo_answers: head (first tokens) | head_tail (first 25% + last 75%)
 
     c.phase1 = ml_collections.ConfigDict()  # the frozen-backbone phase (stack_only, and s&f's first)
     c.phase1.learning_rate = 1e-3  # peak learning rate of the head

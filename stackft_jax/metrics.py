@@ -25,6 +25,12 @@ def binary_f1(predictions: np.ndarray, labels: np.ndarray) -> float:
     return float(f1_score(labels, predictions, pos_label=1, average="binary", zero_division=0.0))
 
 
+def macro_f1(predictions: np.ndarray, labels: np.ndarray) -> float:
+    """The unweighted mean of every class's F1, over the classes in `labels` or `predictions` (a class
+    never predicted scores 0 there)."""
+    return float(f1_score(labels, predictions, average="macro", zero_division=0.0))
+
+
 def pearson(predictions: np.ndarray, labels: np.ndarray) -> float:
     return float(scipy.stats.pearsonr(predictions, labels).statistic)
 
@@ -36,6 +42,7 @@ def spearman(predictions: np.ndarray, labels: np.ndarray) -> float:
 METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
     "accuracy": accuracy,
     "f1": binary_f1,
+    "macro_f1": macro_f1,
     "pearson": pearson,
     "spearman": spearman,
 }

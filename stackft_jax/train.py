@@ -98,6 +98,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
             f"config.phase1.feature_cache_dtype={config.phase1.feature_cache_dtype!r}: choose one of "
             f"{sorted(feature_cache.DTYPES)}"
         )
+    tasks.get_task(config.data.task).configure(config.data)  # the task's own data.* keys
 
 
 def load_datasets(config, task: task_spec.TaskSpec, tokenizer) -> dict[str, task_spec.Split]:
@@ -106,15 +107,15 @@ def load_datasets(config, task: task_spec.TaskSpec, tokenizer) -> dict[str, task
     cache_dir = config.data.cache_dir or os.environ.get(
         "STACKFT_JAX_CACHE", str(Path.home() / ".cache" / "stackft_jax")
     )
+    # A test split is evaluated only when given as a local file; dev may be held out of train.
+    paths = {split: config.data[f"{split}_file"] for split in SPLITS}
     datasets = {}
-    for split in SPLITS:
-        path = config.data[f"{split}_file"]
-        if split == "test" and not path:
-            continue  # a test split is evaluated only when given as a local file
+    for split, examples in task_spec.read_splits(task, paths).items():
         datasets[split] = task_spec.load_split(
             task,
             split,
-            path,
+            paths[split],
+            examples=examples,
             tokenizer=tokenizer,
             max_seq_length=config.max_seq_length,
             options=task.encoding_options(config.data),
@@ -508,7 +509,7 @@ def run(
 
 
 def _run(config: ml_collections.ConfigDict, workdir: Path, mesh: jax.sharding.Mesh) -> dict[str, Any]:
-    task = tasks.get_task(config.data.task)
+    task = tasks.get_task(config.data.task).configure(config.data)
     model_dir = bert.resolve_model_dir(config.model.name_or_path)
     positions = backbone_config(config, model_dir).max_position_embeddings
     if config.max_seq_length > positions:
@@ -589,6 +590,14 @@ def _run(config: ml_collections.ConfigDict, workdir: Path, mesh: jax.sharding.Me
         "phases": records,
         "final": final,
         "best": best,
+        "data": {
+            "label_names": list(task.output_names),
+            "num_examples": {name: len(split.examples) for name, split in datasets.items()},
+            # The fraction of train held out as dev; null: dev is its own file or hub split.
+            "dev_held_out_fraction": (
+                task.dev_fraction if task_spec.dev_is_held_out(task, config.data.dev_file) else None
+            ),
+        },
         "final_params": scored,  # which parameters `final` scored: "last", or "best (global step N)"
         # Training and evaluation time summed over every process lifetime of this run (resumes too).
         "wall_time_s": sum(r["wall_time_s"] for r in records) + time.time() - final_started,

@@ -186,7 +186,9 @@ def test_comments_are_read_where_each_default_is_set(tmp_path):
     }
 
 
-@pytest.mark.parametrize("spec", ["configs/quora.py", "configs/glue.py", "configs/tiny.py"])
+@pytest.mark.parametrize(
+    "spec", ["configs/quora.py", "configs/glue.py", "configs/tiny.py", "configs/yahoo.py"]
+)
 def test_every_key_has_its_own_comment(spec):
     config = config_cli.load(spec)
     comments = config_cli.key_comments()
@@ -250,6 +252,14 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
             ["--config=configs/tiny.py", "--config.strategy=stack_nly"],
             "config.strategy='stack_nly': choose one of "
             "('finetune_only', 'stack_only', 'stack_and_finetune')",
+        ),
+        (
+            # A task's own data.* keys are checked before anything runs (TaskSpec.configure).
+            ["--config=configs/yahoo.py", "--config.data.classes=society_culture+cooking"],
+            "config.data.classes='society_culture+cooking': unknown topic 'cooking'; choose from "
+            "['business_finance', 'computers_internet', 'education_reference', 'entertainment_music', "
+            "'family_relationships', 'health', 'politics_government', 'science_mathematics', "
+            "'society_culture', 'sports'] joined by '+', or 'all'",
         ),
     ],
 )

@@ -14,6 +14,8 @@ tagging). A row is usually one example; a long sentence of a tagging task may ta
 import abc
 import dataclasses
 import hashlib
+import logging
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,8 @@ from transformers import PreTrainedTokenizerBase
 
 from stackft_jax.data import batching, tokenization
 from stackft_jax.objectives import Objective
+
+log = logging.getLogger(__name__)
 
 SPLITS = ("train", "dev", "test")
 _HF_SPLIT_NAMES = {"train": "train", "dev": "validation", "test": "test"}
@@ -39,6 +43,14 @@ class TaskSpec(abc.ABC):
     objective: Objective
     num_outputs: int  # what the head outputs per example or word: classes, tags, or 1 (regression)
     metrics: tuple[str, ...]  # score names; the first is the primary one (best checkpoint, early stop)
+    # > 0: a task without a dev split of its own (or run without a dev file) holds out this fraction of
+    # train as dev (`read_splits`); 0: dev comes from the dev file or the hub's validation split.
+    dev_fraction: float = 0.0
+
+    def configure(self, data_config: Mapping[str, Any]) -> "TaskSpec":
+        """The task as `config.data` sets it up (a subset of classes, a held-out dev fraction, ...);
+        errors name the config key. Tasks without such keys are the same task: `self`."""
+        return self
 
     @property
     def output_names(self) -> tuple[str, ...]:
@@ -152,6 +164,44 @@ def read_examples(task: TaskSpec, split: str, path: str | Path | None) -> list[A
     return examples
 
 
+def dev_is_held_out(task: TaskSpec, dev_path: str | Path | None) -> bool:
+    """Whether dev is a slice of train: the task holds one out and no dev file is given."""
+    return dev_path is None and task.dev_fraction > 0
+
+
+def hold_out(examples: Sequence[Any], fraction: float) -> tuple[list[Any], list[Any]]:
+    """(rest, held out): the `ceil(fraction * n)` examples whose keys hash lowest, both in file order.
+    The slice depends only on the keys, not on the run's seed, so every run over the same file (and
+    every member of an ensemble) holds out the same examples."""
+    order = sorted(range(len(examples)), key=lambda i: hashlib.sha256(examples[i].key.encode()).digest())
+    held = set(order[: math.ceil(fraction * len(examples))])
+    return [e for i, e in enumerate(examples) if i not in held], [examples[i] for i in sorted(held)]
+
+
+def read_splits(task: TaskSpec, paths: Mapping[str, str | Path | None]) -> dict[str, list[Any]]:
+    """The examples of train, dev and (only when `paths` gives a file) test. When `dev_is_held_out`,
+    dev is `hold_out(train, task.dev_fraction)` and train loses those examples."""
+    examples = {"train": read_examples(task, "train", paths.get("train"))}
+    if dev_is_held_out(task, paths.get("dev")):
+        examples["train"], examples["dev"] = hold_out(examples["train"], task.dev_fraction)
+        if not examples["train"] or not examples["dev"]:
+            raise ValueError(
+                f"data.dev_fraction={task.dev_fraction} of {len(examples['train']) + len(examples['dev'])} "
+                "train examples leaves train or dev empty"
+            )
+        log.info(
+            "dev: %d examples held out of train (data.dev_fraction=%s), %d left to train",
+            len(examples["dev"]),
+            task.dev_fraction,
+            len(examples["train"]),
+        )
+    else:
+        examples["dev"] = read_examples(task, "dev", paths.get("dev"))
+    if paths.get("test"):
+        examples["test"] = read_examples(task, "test", paths["test"])
+    return examples
+
+
 def _source(task: TaskSpec, split: str, path: str | Path | None) -> str:
     if path is None:
         return f"the Hugging Face dataset of task {task.name!r}, split {split!r}"
@@ -188,10 +238,12 @@ def load_split(
     max_seq_length: int,
     options: Mapping[str, Any] | None = None,
     cache_dir: str | Path | None = None,
+    examples: Sequence[Any] | None = None,
 ) -> Split:
-    """Reads and encodes one split. Training and model selection need labels: an unlabelled train or
-    dev file is an error naming its config key."""
-    examples = read_examples(task, split, path)
+    """Reads (unless `examples` are given: `read_splits`) and encodes one split. Training and model
+    selection need labels: an unlabelled train or dev file is an error naming its config key."""
+    if examples is None:
+        examples = read_examples(task, split, path)
     labelled = task.is_labelled(examples)
     if not labelled and split != "test":
         raise ValueError(f"{_source(task, split, path)}: the {split} split has no labels")

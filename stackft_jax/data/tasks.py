@@ -12,7 +12,7 @@ Adding a task:
 2. Add one line below. If no head fits its objective's outputs, add a head (models/heads/__init__.py).
 """
 
-from stackft_jax.data import conll, glue
+from stackft_jax.data import conll, glue, yahoo
 from stackft_jax.data.task_spec import TaskSpec
 
 TASKS: dict[str, TaskSpec] = {
@@ -21,6 +21,7 @@ TASKS: dict[str, TaskSpec] = {
     "stsb": glue.STSB,
     "sst2": glue.SST2,
     "conll2003": conll.CONLL2003,
+    "yahoo_answers": yahoo.YAHOO_ANSWERS,
 }
 
 

@@ -97,3 +97,30 @@ def _write_atomically(path: Path, arrays: dict[str, np.ndarray]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def encode_head_tail(
+    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], *, max_seq_length: int, head_fraction: float
+) -> dict[str, np.ndarray]:
+    """[CLS] text [SEP] like `encode_texts` for single texts, but a text longer than the
+    `max_seq_length - 2` tokens between [CLS] and [SEP] keeps its first `head_fraction` of them and its
+    last tokens for the rest, instead of its first tokens only (Sun et al. 2019, "How to fine-tune BERT
+    for text classification": head 128 + tail 382 of 510 scored best on long IMDb reviews)."""
+    budget = max_seq_length - 2
+    head = round(budget * head_fraction)
+    n = len(texts)
+    input_ids = np.full((n, max_seq_length), tokenizer.pad_token_id, np.int32)
+    lengths = np.zeros((n,), np.int32)
+    for start in range(0, n, _CHUNK_SIZE):
+        chunk = texts[start : start + _CHUNK_SIZE]
+        # verbose=False: long texts are the point here, not a mistake to warn about.
+        encoded = tokenizer(list(chunk), add_special_tokens=False, truncation=False, verbose=False)
+        pieces = encoded["input_ids"]
+        for i, ids in enumerate(pieces, start=start):
+            if len(ids) > budget:
+                ids = ids[:head] + ids[len(ids) - (budget - head) :]
+            row = [tokenizer.cls_token_id, *ids, tokenizer.sep_token_id]
+            input_ids[i, : len(row)] = row
+            lengths[i] = len(row)
+    token_type_ids = np.zeros((n, max_seq_length), np.int32)
+    return {"input_ids": input_ids, "token_type_ids": token_type_ids, "lengths": lengths}

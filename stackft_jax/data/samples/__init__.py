@@ -3,7 +3,9 @@
 `qqp_train.tsv` / `qqp_dev.tsv` (GLUE QQP layout, 400 / 100 pairs, 37% duplicates) are written by
 `make_qqp_sample.py` in this folder; they are not Quora data. `conll_train.txt` / `conll_dev.txt`
 (CoNLL-2003 layout, IOB1 tags, 402 / 101 sentences in 71 / 18 documents) are written by
-`make_conll_sample.py`; they are invented news items, not Reuters text.
+`make_conll_sample.py`; they are invented news items, not Reuters text. `yahoo_train.csv` /
+`yahoo_dev.csv` (the `text,topic` layout of Yahoo Answers, 400 / 100 questions with answers, two
+topics) are written by `make_yahoo_sample.py`; they are invented, not Yahoo text.
 """
 
 from pathlib import Path
@@ -13,6 +15,7 @@ def sample_path(name: str) -> Path:
     """Path of a shipped sample file, e.g. sample_path("qqp_train.tsv")."""
     path = Path(__file__).parent / name
     if not path.is_file():
-        available = sorted(p.name for p in Path(__file__).parent.iterdir() if p.suffix in (".tsv", ".txt"))
+        suffixes = (".tsv", ".txt", ".csv")
+        available = sorted(p.name for p in Path(__file__).parent.iterdir() if p.suffix in suffixes)
         raise FileNotFoundError(f"no sample named {name!r}; available: {available}")
     return path
