@@ -12,7 +12,7 @@ the task's objective (objectives.py) takes: `[batch, num_outputs]` logits for se
 import ml_collections
 from flax import nnx
 
-from stackft_jax.models.heads import bimpm, cls_mlp, esim, sim_transformer
+from stackft_jax.models.heads import bimpm, cls_mlp, densenet, esim, highway_lstm, sim_transformer
 
 # name -> (function returning the head's default config block, head class)
 HEADS = {
@@ -21,6 +21,8 @@ HEADS = {
     "bimpm_no_context": (bimpm.no_context_default_config, bimpm.BiMpmHead),
     "sim_transformer": (sim_transformer.default_config, sim_transformer.SimTransformerHead),
     "esim": (esim.default_config, esim.EsimHead),
+    "densenet": (densenet.default_config, densenet.DenseNetHead),
+    "highway_lstm": (highway_lstm.default_config, highway_lstm.HighwayLstmHead),
 }
 
 
