@@ -33,6 +33,8 @@ SMALL = {
     "num_heads": 2,
     "ff_dim": 32,
     "lstm_units": 8,
+    "stem_channels": 8,
+    "growth_rate": 4,
 }
 
 

@@ -8,8 +8,16 @@ from flax import nnx
 
 
 def masked_max(x: jax.Array, mask: jax.Array, axis: int) -> jax.Array:
-    """Max of `x` over `axis` where `mask` (broadcastable to x) is True; 0 where nothing is."""
-    out = jnp.where(mask, x, jnp.finfo(x.dtype).min).max(axis=axis)
+    """Max of `x` over `axis` where `mask` (broadcastable to x) is True; 0 where nothing is.
+
+    Read out by index (argmax, then gather), so the gradient goes to the first maximal position.
+    `jnp.max`'s own gradient divides by the number of positions equal to the max, which XLA's
+    unoptimised pipeline can make 0 (NaN) when it recomputes x with different rounding: the DenseNet
+    head's gradients were all NaN under `jax_disable_most_optimizations` (tests/test_heads.py).
+    """
+    mask = jnp.broadcast_to(mask, x.shape)
+    index = jnp.argmax(jnp.where(mask, x, jnp.finfo(x.dtype).min), axis=axis, keepdims=True)
+    out = jnp.take_along_axis(x, index, axis=axis).squeeze(axis)
     return jnp.where(mask.any(axis=axis), out, 0).astype(x.dtype)
 
 

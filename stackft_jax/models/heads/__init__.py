@@ -13,7 +13,7 @@ the task's objective (objectives.py) takes: `[batch, num_outputs]` logits for se
 import ml_collections
 from flax import nnx
 
-from stackft_jax.models.heads import bimpm, cls_mlp, esim, sim_transformer, tagger
+from stackft_jax.models.heads import bimpm, cls_mlp, densenet, esim, highway_lstm, sim_transformer, tagger
 
 # name -> (function returning the head's default config block, head class)
 HEADS = {
@@ -22,6 +22,9 @@ HEADS = {
     "bimpm_no_context": (bimpm.no_context_default_config, bimpm.BiMpmHead),
     "sim_transformer": (sim_transformer.default_config, sim_transformer.SimTransformerHead),
     "esim": (esim.default_config, esim.EsimHead),
+    # Text classification (Yahoo Answers).
+    "densenet": (densenet.default_config, densenet.DenseNetHead),
+    "highway_lstm": (highway_lstm.default_config, highway_lstm.HighwayLstmHead),
     # Word tagging (NER): one module, four configurations (heads/tagger.py).
     "token_mlp": (tagger.token_mlp_config, tagger.WordTaggerHead),
     "bilstm": (tagger.bilstm_config, tagger.WordTaggerHead),
