@@ -1,6 +1,9 @@
-"""Every registered head on synthetic features (random token states, hand-built pair layouts).
+"""Every registered head on synthetic features (random token states, hand-built pair and word layouts).
 
-No BERT here, so the file stays fast; configs are shrunk by `small_config`.
+Sentence(-pair) heads return `[batch, classes]` logits; tagging heads return word scores
+(models/word_scores.py) that own their loss and decoding. The same tests run on both through
+`loss_per_example` and `predictions_of`. No BERT here, so the file stays fast; configs are shrunk by
+`small_config`.
 """
 
 import functools
@@ -13,9 +16,10 @@ import pytest
 from flax import nnx
 
 from stackft_jax.models.features import Features
-from stackft_jax.models.heads import HEADS, default_head_configs
+from stackft_jax.models.heads import HEADS, default_head_configs, tagger
 from stackft_jax.models.heads.pair_ops import split_pair
 from stackft_jax.models.layers import MaskedBiLstm
+from stackft_jax.models.word_scores import CrfWordScores, WordLogits
 
 HIDDEN = 16
 LENGTH = 16
@@ -46,12 +50,20 @@ def small_config(name: str):
     return config
 
 
+TAGGING_HEADS = sorted(name for name, (_, cls) in HEADS.items() if cls is tagger.WordTaggerHead)
+# IOB2 tags, so the CRF heads build their transition constraints from the names.
+TAGS = ("O", "B-X", "I-X", "B-Y", "I-Y")
+
+
 def build(name: str, num_outputs: int = 2, dtype=jnp.float32, dropout_rate: float = 0.1):
     cls = HEADS[name][1]
+    if name in TAGGING_HEADS:
+        num_outputs = len(TAGS)
     return cls(
         small_config(name),
         hidden_size=HIDDEN,
         num_outputs=num_outputs,
+        output_names=TAGS[:num_outputs],
         dropout_rate=dropout_rate,
         dtype=dtype,
         rngs=nnx.Rngs(0),
@@ -77,16 +89,63 @@ def pair_features(pair_lengths, length: int = LENGTH, seed: int = 0) -> Features
     )
 
 
+# Words per row and sub-tokens per word (a word's first sub-token carries it): one-word rows, words
+# split into several pieces, and a row that fills the window.
+WORD_PIECES = [[1, 2, 1], [3], [1, 1, 1, 1, 2, 1, 1], [2, 2], [1] * 14, [1, 3, 1, 1], [4, 1], [1, 1]]
+
+
+def word_features(word_pieces=WORD_PIECES, length: int = LENGTH, seed: int = 0) -> Features:
+    """`[CLS] words [SEP] pad...` with `word_starts` packed left (zeros past `num_words`), as
+    data/word_pieces.py builds them; padded positions hold random garbage states."""
+    max_words = max(len(pieces) for pieces in word_pieces)
+    mask = np.zeros((len(word_pieces), length), np.int32)
+    word_starts = np.zeros((len(word_pieces), max_words), np.int32)
+    for row, pieces in enumerate(word_pieces):
+        word_starts[row, : len(pieces)] = 1 + np.cumsum([0, *pieces[:-1]])
+        mask[row, : sum(pieces) + 2] = 1
+        assert sum(pieces) + 2 <= length
+    key_seq, key_pooled = jax.random.split(jax.random.key(seed))
+    return Features(
+        sequence=jax.random.normal(key_seq, (len(word_pieces), length, HIDDEN)),
+        pooled=jax.random.normal(key_pooled, (len(word_pieces), HIDDEN)),
+        attention_mask=jnp.asarray(mask),
+        token_type_ids=jnp.zeros_like(jnp.asarray(mask)),
+        word_starts=jnp.asarray(word_starts),
+        num_words=jnp.asarray([len(pieces) for pieces in word_pieces], jnp.int32),
+    )
+
+
+def iob2_tags(key: jax.Array, word_pieces=WORD_PIECES) -> jax.Array:
+    """Random tags that are valid IOB2 (an I-X only after B-X or I-X), -1 past each row's words."""
+    draws = np.asarray(jax.random.randint(key, (len(word_pieces), max(map(len, word_pieces))), 0, len(TAGS)))
+    tags = np.full(draws.shape, -1, np.int32)
+    for row, pieces in enumerate(word_pieces):
+        previous = "O"
+        for i in range(len(pieces)):
+            name = TAGS[draws[row, i]]
+            if name.startswith("I-") and previous[2:] != name[2:]:
+                name = "B-" + name[2:]
+            tags[row, i], previous = TAGS.index(name), name
+    return jnp.asarray(tags)
+
+
+def features_for(name: str, seed: int = 0) -> Features:
+    return word_features(seed=seed) if name in TAGGING_HEADS else pair_features(PAIR_LENGTHS, seed=seed)
+
+
 def with_extra_padding(features: Features, extra: int, seed: int = 1) -> Features:
+    """`extra` more padded tokens of garbage and, for word features, `extra` more padded words."""
     batch = features.sequence.shape[0]
     garbage = 10.0 * jax.random.normal(jax.random.key(seed), (batch, extra, HIDDEN))
     zeros = jnp.zeros((batch, extra), features.attention_mask.dtype)
-    return Features(
+    padded = features._replace(
         sequence=jnp.concatenate([features.sequence, garbage], axis=1),
-        pooled=features.pooled,
         attention_mask=jnp.concatenate([features.attention_mask, zeros], axis=1),
         token_type_ids=jnp.concatenate([features.token_type_ids, zeros], axis=1),
     )
+    if features.word_starts is not None:
+        padded = padded._replace(word_starts=jnp.concatenate([features.word_starts, zeros], axis=1))
+    return padded
 
 
 def perturbed(params, scale: float = 0.1):
@@ -103,10 +162,28 @@ def forward(graphdef, params, features: Features) -> jax.Array:
     return nnx.merge(graphdef, params)(features, deterministic=True)
 
 
-def cross_entropy(graphdef, params, features, labels, *, deterministic, key):
+def loss_per_example(outputs, features: Features, labels: jax.Array) -> jax.Array:
+    if isinstance(outputs, jax.Array):  # sentence(-pair) logits
+        return optax.softmax_cross_entropy_with_integer_labels(outputs, labels)
+    return outputs.negative_log_likelihood(labels, features.num_words)  # word scores
+
+
+def predictions_of(outputs, features: Features) -> jax.Array:
+    if isinstance(outputs, jax.Array):
+        return jnp.argmax(outputs, axis=-1)
+    return outputs.decode(features.num_words)  # PAD_TAG past each row's words
+
+
+def labels_for(name: str, key: jax.Array) -> jax.Array:
+    if name in TAGGING_HEADS:
+        return iob2_tags(key)
+    return jax.random.bernoulli(key, 0.5, (len(PAIR_LENGTHS),)).astype(jnp.int32)
+
+
+def mean_loss(graphdef, params, features, labels, *, deterministic, key):
     rngs = None if deterministic else nnx.Rngs(dropout=key)
-    logits = nnx.merge(graphdef, params)(features, deterministic=deterministic, rngs=rngs)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+    outputs = nnx.merge(graphdef, params)(features, deterministic=deterministic, rngs=rngs)
+    return loss_per_example(outputs, features, labels).mean()
 
 
 TX = optax.adam(1e-2)
@@ -114,9 +191,7 @@ TX = optax.adam(1e-2)
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=(1, 2))
 def train_step(graphdef, params, opt_state, features, labels, key):
-    grads = jax.grad(cross_entropy, argnums=1)(
-        graphdef, params, features, labels, deterministic=False, key=key
-    )
+    grads = jax.grad(mean_loss, argnums=1)(graphdef, params, features, labels, deterministic=False, key=key)
     updates, opt_state = TX.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, grads
 
@@ -126,16 +201,16 @@ def overfit(name: str):
     """Trains a fresh head on 8 random labels as train.py would (dropout on, adam); returns the
     first step's gradients, the labels and the final predictions. Cached: two tests read it."""
     graphdef, params = nnx.split(build(name))
-    features = pair_features(PAIR_LENGTHS, seed=3)
-    labels = jax.random.bernoulli(jax.random.key(4), 0.5, (len(PAIR_LENGTHS),)).astype(jnp.int32)
+    features = features_for(name, seed=3)
+    labels = labels_for(name, jax.random.key(4))
     opt_state = TX.init(params)
     first_grads = None
-    for step in range(40):
+    for step in range(120 if name in TAGGING_HEADS else 40):  # many more labels to fit per batch
         params, opt_state, grads = train_step(
             graphdef, params, opt_state, features, labels, jax.random.key(step)
         )
         first_grads = grads if first_grads is None else first_grads
-    predictions = jnp.argmax(forward(graphdef, params, features), axis=-1)
+    predictions = predictions_of(forward(graphdef, params, features), features)
     return first_grads, labels, predictions
 
 
@@ -157,14 +232,30 @@ def test_every_head_has_a_config_block():
     assert configs.bimpm.use_context_lstm and not configs.bimpm_no_context.use_context_lstm
 
 
-@pytest.mark.parametrize("name", ALL_HEADS)
+SENTENCE_HEADS = [name for name in ALL_HEADS if name not in TAGGING_HEADS]
+
+
+@pytest.mark.parametrize("name", SENTENCE_HEADS)
 @pytest.mark.parametrize("num_outputs", [1, 2])
-def test_output_shape(name, num_outputs):
+def test_sentence_head_output_shape(name, num_outputs):
     head = build(name, num_outputs)
     graphdef, params = nnx.split(head)
     features = pair_features(PAIR_LENGTHS)
     out = jax.eval_shape(forward, graphdef, params, features)
     assert out.shape == (len(PAIR_LENGTHS), num_outputs)
+
+
+@pytest.mark.parametrize("name", TAGGING_HEADS)
+def test_tagging_head_scores_every_word(name):
+    graphdef, params = nnx.split(build(name))
+    features = word_features()
+    outputs = forward(graphdef, params, features)
+    scores = outputs.logits if isinstance(outputs, WordLogits) else outputs.emissions
+    assert scores.shape == (len(WORD_PIECES), max(map(len, WORD_PIECES)), len(TAGS))
+    assert isinstance(outputs, CrfWordScores) == small_config(name).crf
+    tags = np.asarray(predictions_of(outputs, features))
+    real = np.arange(tags.shape[1])[None, :] < np.asarray(features.num_words)[:, None]
+    assert np.all((tags >= 0) == real) and np.all(tags < len(TAGS))
 
 
 @pytest.mark.parametrize("name", ALL_HEADS)
@@ -183,11 +274,22 @@ def test_padding_changes_nothing(name):
     # Nonzero biases, as after training: with zero-initialised LSTM biases a zero state stays zero
     # on zero inputs, which would hide a backward direction that starts in the padding.
     params = perturbed(params)
-    features = pair_features(PAIR_LENGTHS)
-    logits = forward(graphdef, params, features)
-    padded = forward(graphdef, params, with_extra_padding(features, extra=5))
-    assert np.all(np.isfinite(logits))
-    np.testing.assert_allclose(padded, logits, atol=1e-5, rtol=1e-5)
+    features = features_for(name)
+    labels = labels_for(name, jax.random.key(5))
+    padded_features = with_extra_padding(features, extra=5)
+    outputs = forward(graphdef, params, features)
+    padded = forward(graphdef, params, padded_features)
+    loss = loss_per_example(outputs, features, labels)
+    if name in TAGGING_HEADS:  # the padded words are extra columns: labels gain padding too
+        labels = jnp.pad(labels, ((0, 0), (0, 5)), constant_values=-1)
+    assert np.all(np.isfinite(loss))
+    np.testing.assert_allclose(loss_per_example(padded, padded_features, labels), loss, atol=1e-5, rtol=1e-5)
+    predictions = predictions_of(outputs, features)
+    if name in TAGGING_HEADS:
+        padded_predictions = predictions_of(padded, padded_features)
+        np.testing.assert_array_equal(padded_predictions[:, : predictions.shape[1]], predictions)
+    else:
+        np.testing.assert_allclose(padded, outputs, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", ALL_HEADS)
@@ -211,9 +313,12 @@ def test_overfits_a_tiny_batch(name):
 def test_bfloat16_compute(name):
     head = build(name, dtype=jnp.bfloat16)
     graphdef, params = nnx.split(head)
-    logits = forward(graphdef, params, pair_features(PAIR_LENGTHS))
-    assert logits.shape == (len(PAIR_LENGTHS), 2)
-    assert np.all(np.isfinite(np.asarray(logits, np.float32)))
+    features = features_for(name)
+    outputs = forward(graphdef, params, features)
+    loss = loss_per_example(outputs, features, labels_for(name, jax.random.key(5)))
+    assert loss.shape == (features.sequence.shape[0],)
+    assert np.all(np.isfinite(np.asarray(loss, np.float32)))
+    assert np.all(np.isfinite(np.asarray(jax.tree.leaves(outputs)[0], np.float32)))
 
 
 def test_split_pair_extracts_both_sentences():
