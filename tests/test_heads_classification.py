@@ -296,7 +296,13 @@ def test_highway_layer_and_config_errors():
 # --- end to end ---------------------------------------------------------------------------------------
 
 TINY_HEADS = {
-    "densenet": ["--config.head.densenet.stem_channels=8", "--config.head.densenet.growth_rate=4"],
+    # Two blocks of two convolutions: the compile of the full 4 x 4 stack dominated this test.
+    "densenet": [
+        "--config.head.densenet.stem_channels=8",
+        "--config.head.densenet.growth_rate=4",
+        "--config.head.densenet.num_blocks=2",
+        "--config.head.densenet.convs_per_block=2",
+    ],
     "highway_lstm": ["--config.head.highway_lstm.lstm_units=8"],
 }
 
