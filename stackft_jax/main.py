@@ -102,7 +102,9 @@ def main(argv: list[str]) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("absl").setLevel(logging.WARNING)
 
-    from stackft_jax import train, workdirs
+    from stackft_jax import compilation_cache, train, workdirs
+
+    compilation_cache.enable(config.compilation_cache_dir)  # before anything compiles
 
     try:
         train.check_config(config)  # values out of range or choice, missing files: named, no traceback
