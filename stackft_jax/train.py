@@ -333,6 +333,7 @@ def run_phase(
     # Built before the first step donates the state: its backbone is the phase's frozen one.
     features = feature_caches(ctx, phase, state.params) if phase.feature_cache else {}
     step, stop_reason = start_step, None
+    uncounted = None  # the last dispatched step's loss, until the bar counts that step
     window: list[dict] = []
     window_start = time.time()
     progress = tqdm(
@@ -357,7 +358,11 @@ def run_phase(
         state, step_metrics = phase_step.train_step(state, sharding.put_batch(local, mesh))
         step += 1
         window.append(step_metrics)
-        progress.update(1)
+        # The bar counts completed steps: the previous one, waited for while this one is queued behind it.
+        if uncounted is not None:
+            jax.block_until_ready(uncounted)
+            progress.update(1)
+        uncounted = step_metrics["loss"]
 
         log_now = step % config.log_every_steps == 0 or step == phase.num_steps
         eval_now = step % config.eval_every_steps == 0 or step == phase.num_steps
@@ -366,6 +371,8 @@ def run_phase(
         if log_now or eval_now or save_now:
             # Before anything reads the parameters: NaN is never logged as progress, evaluated, saved.
             _raise_if_nonfinite(state, phase.name, checkpoints, best_checkpoint)
+            progress.update(1)  # that waited for this step
+            uncounted = None
 
         if log_now:
             host = jax.device_get(window)
