@@ -18,6 +18,10 @@ time, from launch to exit, is split into
   rest        what none of those covered, process exit included
 from the timings the library itself records (stackft_jax/timing.py). `outside_steps_share` is the part
 of wall time outside training steps and evaluation (target for warm runs: <= 0.10).
+
+`--eval-padding` also counts, for QQP dev as the qqp case evaluates it, the tokens the eval batches
+compute against the real ones: the most that cutting padding could save (evaluation is linear in tokens
+at these lengths on XLA:CPU).
 """
 
 import argparse
@@ -29,8 +33,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from benchmarks.machine import finish, machine_info
-from stackft_jax import timing
+from configs import quora
+from stackft_jax import sharding, timing
+from stackft_jax.data import batching, task_spec, tasks, tokenization
+from stackft_jax.models import bert
 
 REPO = Path(__file__).resolve().parent.parent
 ROWS = (
@@ -121,6 +130,35 @@ def timed_run(config_args: list[str], workdir: Path, caches: Path, seed: int) ->
     }
 
 
+def eval_padding(dev_file: str | Path) -> dict:
+    """Real and computed tokens of the qqp case's dev evaluation (configs/quora.py:mini's lengths and
+    eval batch, on this process's devices), and the same for finer length buckets."""
+    config = quora.get_config("mini")
+    task = tasks.get_task(config.data.task)
+    tokenizer = tokenization.load_tokenizer(bert.resolve_model_dir(config.model.name_or_path))
+    split = task_spec.load_split(
+        task, "dev", dev_file, tokenizer=tokenizer, max_seq_length=config.max_seq_length
+    )
+    global_batch = sharding.global_batch_size(config.eval_per_device_batch_size, sharding.make_mesh())
+    real = int(split.arrays["lengths"].sum())
+    schemes = {
+        "library buckets": batching.length_buckets(config.max_seq_length),
+        "every 16 tokens": tuple(range(16, config.max_seq_length + 1, 16)),
+        "every 8 tokens": tuple(range(8, config.max_seq_length + 1, 8)),
+    }
+    computed = {}
+    for name, buckets in schemes.items():
+        batches = batching.eval_batches(split.arrays, global_batch_size=global_batch, buckets=buckets)
+        computed[name] = int(sum(np.size(batch["attention_mask"]) for batch in batches))
+    return {
+        "rows": split.num_rows,
+        "global_batch_size": global_batch,
+        "real_tokens": real,
+        "computed_tokens": computed,
+        "computed_over_real": {name: round(tokens / real, 3) for name, tokens in computed.items()},
+    }
+
+
 def table(results: dict) -> str:
     header = "| run | wall s | " + " | ".join(ROWS) + " | outside steps | checkpoints MB |"
     lines = [header, "|" + "---|" * (len(ROWS) + 4)]
@@ -136,13 +174,14 @@ def table(results: dict) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default="demo,qqp", help="comma list of tiny, demo, qqp")
+    parser.add_argument("--cases", default="demo,qqp", help="comma list of tiny, demo, qqp; '' for none")
     parser.add_argument("--quick", action="store_true", help="--cases=tiny (seconds: the smoke test)")
     parser.add_argument("--tiny-steps", type=int, default=2, help="steps per phase of the tiny case")
     parser.add_argument("--demo-steps", type=int, help="steps per phase of the demo (default: its own 60)")
     parser.add_argument("--qqp-dir", default=str(REPO.parent / "shared" / "data" / "qqp"))
     parser.add_argument("--qqp-steps", type=int, default=200, help="steps per phase of the QQP run")
     parser.add_argument("--qqp-eval-every-steps", type=int, help="default: once per phase")
+    parser.add_argument("--eval-padding", action="store_true", help="count QQP dev's padded eval tokens")
     parser.add_argument("--keep", help="keep the workdirs and caches under this folder (default: a temp dir)")
     parser.add_argument("--out", default="benchmarks/out/time_to_result.json")
     args = parser.parse_args(argv)
@@ -157,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
     root = Path(args.keep or tempfile.mkdtemp(prefix="time_to_result_"))
     results = {}
     try:
-        for name in args.cases.split(","):
+        for name in filter(None, args.cases.split(",")):
             config_args = case_args(name, args)
             caches = root / name / "caches"
             shutil.rmtree(root / name, ignore_errors=True)  # cold means cold
@@ -169,6 +208,10 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
+    extra = {}
+    if args.eval_padding:
+        extra["qqp_dev_eval_padding"] = eval_padding(Path(args.qqp_dir) / "dev.tsv")
+        print(extra["qqp_dev_eval_padding"])
     return finish(
         "time_to_result",
         args,
@@ -176,6 +219,7 @@ def main(argv: list[str] | None = None) -> dict:
         results,
         table(results),
         targets={"warm_outside_steps_share": TARGET_OUTSIDE_STEPS_SHARE},
+        **extra,
     )
 
 
