@@ -104,12 +104,11 @@ def main(argv: list[str]) -> None:
 
     from stackft_jax import compilation_cache, train, workdirs
 
-    compilation_cache.enable(config.compilation_cache_dir)  # before anything compiles
-
     try:
         train.check_config(config)  # values out of range or choice, missing files: named, no traceback
     except (ValueError, FileNotFoundError) as error:
         _config_error(error)
+    compilation_cache.enable(config.compilation_cache_dir)  # before anything compiles
     logging.info("JAX process %d/%d, devices: %s", jax.process_index(), jax.process_count(), jax.devices())
     try:
         results = train.run(config, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
