@@ -100,6 +100,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.checkpoint_every_steps = 500  # periodic checkpoint for resuming
     c.keep_checkpoints = 2  # periodic checkpoints kept per running phase
     c.async_checkpointing = True  # write checkpoints in the background while training goes on
+    # Compiled programs on disk, reused by later runs (command line only; stackft_jax/compilation_cache.py).
+    # "auto": $JAX_COMPILATION_CACHE_DIR, else ~/.cache/stackft_jax/jax_compilation_cache; "none": off.
+    c.compilation_cache_dir = "auto"
     return c
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 from flax import nnx
+from tqdm import tqdm
 
 from stackft_jax import sharding, steps
 from stackft_jax.data import batching
@@ -41,6 +42,15 @@ class Evaluator:
         num_rows = split.num_rows if limit is None else min(limit, split.num_rows)
         rows: dict[str, np.ndarray] = {}
         loss_sum, count = 0.0, 0.0
+        # Its own bar, counting batches whose outputs reached the host: a long evaluation shows progress.
+        progress = tqdm(
+            total=-(-num_rows // self.global_batch_size),
+            desc=f"eval {split.name}",
+            unit="batch",
+            leave=False,
+            dynamic_ncols=True,
+            disable=jax.process_index() != 0,
+        )
         for batch in batching.eval_batches(
             split.arrays, global_batch_size=self.global_batch_size, buckets=self.buckets, limit=limit
         ):
@@ -60,6 +70,8 @@ class Evaluator:
                 rows[key][index[real]] = value[real]
             loss_sum += float(out["loss_sum"])
             count += float(out["count"])
+            progress.update(1)
+        progress.close()
         if not split.labelled:
             return Evaluation(rows, {})
         scores = self.task.score(split, rows)

@@ -102,12 +102,13 @@ def main(argv: list[str]) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("absl").setLevel(logging.WARNING)
 
-    from stackft_jax import train, workdirs
+    from stackft_jax import compilation_cache, train, workdirs
 
     try:
         train.check_config(config)  # values out of range or choice, missing files: named, no traceback
     except (ValueError, FileNotFoundError) as error:
         _config_error(error)
+    compilation_cache.enable(config.compilation_cache_dir)  # before anything compiles
     logging.info("JAX process %d/%d, devices: %s", jax.process_index(), jax.process_count(), jax.devices())
     try:
         results = train.run(config, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)

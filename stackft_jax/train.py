@@ -30,6 +30,7 @@ from stackft_jax import (
     preemption,
     sharding,
     steps,
+    timing,
     workdirs,
 )
 from stackft_jax.data import batching, task_spec, tasks, tokenization
@@ -58,6 +59,7 @@ class Context:
     eval_global_batch_size: int
     report: RunReport
     evaluator: evaluation.Evaluator
+    timer: timing.RunTimer
 
     @property
     def primary_metric(self) -> str:
@@ -328,13 +330,15 @@ def run_phase(
         }
 
     def save(step: int) -> None:
-        checkpoints.save(step, state.as_dict(), meta())
+        with ctx.timer.phase("checkpoint_writes"):
+            checkpoints.save(step, state.as_dict(), meta())
 
     preemption.install_sigterm_flag()
     started = time.time()
     # Built before the first step donates the state: its backbone is the phase's frozen one.
     features = feature_caches(ctx, phase, state.params) if phase.feature_cache else {}
     step, stop_reason = start_step, None
+    uncounted = None  # the last dispatched step's loss, until the bar counts that step
     window: list[dict] = []
     window_start = time.time()
     progress = tqdm(
@@ -359,7 +363,11 @@ def run_phase(
         state, step_metrics = phase_step.train_step(state, sharding.put_batch(local, mesh))
         step += 1
         window.append(step_metrics)
-        progress.update(1)
+        # The bar counts completed steps: the previous one, waited for while this one is queued behind it.
+        if uncounted is not None:
+            jax.block_until_ready(uncounted)
+            progress.update(1)
+        uncounted = step_metrics["loss"]
 
         log_now = step % config.log_every_steps == 0 or step == phase.num_steps
         eval_now = step % config.eval_every_steps == 0 or step == phase.num_steps
@@ -368,6 +376,8 @@ def run_phase(
         if log_now or eval_now or save_now:
             # Before anything reads the parameters: NaN is never logged as progress, evaluated, saved.
             _raise_if_nonfinite(state, phase.name, checkpoints, best_checkpoint)
+            progress.update(1)  # that waited for this step
+            uncounted = None
 
         if log_now:
             host = jax.device_get(window)
@@ -387,9 +397,10 @@ def run_phase(
             window, window_start = [], time.time()
 
         if eval_now:
-            dev = ctx.evaluator.evaluate(
-                state.params, ctx.datasets["dev"], features=features.get("dev")
-            ).scores
+            with ctx.timer.phase("evaluation"):
+                dev = ctx.evaluator.evaluate(
+                    state.params, ctx.datasets["dev"], features=features.get("dev")
+                ).scores
             ctx.report.eval(
                 phase=phase.name,
                 step=step,
@@ -399,12 +410,13 @@ def run_phase(
             )
             train_accuracy = None
             if phase.gap_eval_examples:
-                train_eval = ctx.evaluator.evaluate(
-                    state.params,
-                    ctx.datasets["train"],
-                    limit=phase.gap_eval_examples,
-                    features=features.get("train"),
-                ).scores
+                with ctx.timer.phase("gap_evaluation"):
+                    train_eval = ctx.evaluator.evaluate(
+                        state.params,
+                        ctx.datasets["train"],
+                        limit=phase.gap_eval_examples,
+                        features=features.get("train"),
+                    ).scores
                 ctx.report.eval(
                     phase=phase.name,
                     step=step,
@@ -427,7 +439,8 @@ def run_phase(
                     "global_step": global_offset + step,
                     "dev": dev,
                 }
-                best_checkpoint.save(global_offset + step, state.params, best)
+                with ctx.timer.phase("checkpoint_writes"):
+                    best_checkpoint.save(global_offset + step, state.params, best)
             progress.write(
                 f"{phase.name} step {step}: dev "
                 + " ".join(f"{k}={v:.4f}" for k, v in dev.items())
@@ -446,8 +459,9 @@ def run_phase(
         if preemption.kill_requested(phase.name, step):
             os.kill(os.getpid(), signal.SIGKILL)
     progress.close()
-    checkpoints.close()
-    best_checkpoint.close()
+    with ctx.timer.phase("checkpoint_writes"):  # waits for background writes
+        checkpoints.close()
+        best_checkpoint.close()
 
     stop_reason = stop_reason or f"step budget of {phase.num_steps} steps"
     log.info("%s stopped after %d steps: %s", phase.name, step, stop_reason)
@@ -505,10 +519,16 @@ def run(
             "global_batch_size": sharding.global_batch_size(config.per_device_batch_size, mesh),
         }
         workdirs.bind_config(workdir, record, allow_change=allow_config_change)
-        return _run(config, workdir, mesh)
+        with timing.RunTimer() as timer:
+            results = _run(config, workdir, mesh, timer)
+            if jax.process_index() == 0:
+                timer.write(workdir)  # this process's phases (benchmarks/time_to_result.py)
+        return results
 
 
-def _run(config: ml_collections.ConfigDict, workdir: Path, mesh: jax.sharding.Mesh) -> dict[str, Any]:
+def _run(
+    config: ml_collections.ConfigDict, workdir: Path, mesh: jax.sharding.Mesh, timer: timing.RunTimer
+) -> dict[str, Any]:
     task = tasks.get_task(config.data.task).configure(config.data)
     model_dir = bert.resolve_model_dir(config.model.name_or_path)
     positions = backbone_config(config, model_dir).max_position_embeddings
@@ -517,11 +537,13 @@ def _run(config: ml_collections.ConfigDict, workdir: Path, mesh: jax.sharding.Me
             f"config.max_seq_length={config.max_seq_length} exceeds the {positions} positions of the model "
             f"in {model_dir} (max_position_embeddings in its config.json)"
         )
-    datasets = load_datasets(config, task, tokenization.load_tokenizer(model_dir))
-    model, bert_config = build_model(config, task, model_dir)
-    graphdef, state = nnx.split(model)
-    params = jax.device_put(nnx.to_pure_dict(state), sharding.replicated(mesh))
-    del model, state
+    with timer.phase("data"):
+        datasets = load_datasets(config, task, tokenization.load_tokenizer(model_dir))
+    with timer.phase("model_load"):
+        model, bert_config = build_model(config, task, model_dir)
+        graphdef, state = nnx.split(model)
+        params = jax.device_put(nnx.to_pure_dict(state), sharding.replicated(mesh))
+        del model, state
 
     global_batch = sharding.global_batch_size(config.per_device_batch_size, mesh)
     buckets = batching.length_buckets(config.max_seq_length)
@@ -540,6 +562,7 @@ def _run(config: ml_collections.ConfigDict, workdir: Path, mesh: jax.sharding.Me
         evaluator=evaluation.build_evaluator(
             task, graphdef, mesh, global_batch_size=eval_global_batch, buckets=buckets
         ),
+        timer=timer,
     )
     steps_per_epoch = batching.steps_per_epoch(datasets["train"].num_rows, global_batch)
     plan = phases.phases_for(config, steps_per_epoch, bert_config.num_hidden_layers)
@@ -562,8 +585,10 @@ def _run(config: ml_collections.ConfigDict, workdir: Path, mesh: jax.sharding.Me
             params, record = finished
             log.info("%s already finished (%s)", phase.name, record["stop_reason"])
         else:
-            params, record = run_phase(ctx, phase, index, params, global_offset, best)
-            checkpointing.save_phase_end(workdir, phase.name, params, record)
+            with timer.phase("train_steps"):  # less its evaluations, checkpoints and compilations
+                params, record = run_phase(ctx, phase, index, params, global_offset, best)
+            with timer.phase("checkpoint_writes"):
+                checkpointing.save_phase_end(workdir, phase.name, params, record)
         # The boundary checkpoint replaces the phase's periodic ones (a lost boundary reruns the phase).
         checkpointing.discard_periodic(workdir, phase.name)
         records.append(record)
@@ -574,9 +599,12 @@ def _run(config: ml_collections.ConfigDict, workdir: Path, mesh: jax.sharding.Me
     scored = "last"
     if config.final_params == "best":
         params, scored = _best_or_last(workdir, params, best, mesh)
-    evaluations = {
-        name: ctx.evaluator.evaluate(params, datasets[name]) for name in ("dev", "test") if name in datasets
-    }
+    with timer.phase("evaluation"):
+        evaluations = {
+            name: ctx.evaluator.evaluate(params, datasets[name])
+            for name in ("dev", "test")
+            if name in datasets
+        }
     for name, done in evaluations.items():
         ctx.report.predictions(name, task.prediction_records(datasets[name], done.rows))
     final = {name: done.scores for name, done in evaluations.items() if datasets[name].labelled}

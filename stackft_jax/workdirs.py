@@ -35,6 +35,7 @@ RESULT_NEUTRAL_KEYS = frozenset(
         "eval_per_device_batch_size",
         "data.cache_dir",
         "model.allow_pickle",
+        "compilation_cache_dir",
     )
 )
 

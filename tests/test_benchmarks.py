@@ -23,6 +23,7 @@ from benchmarks import (
     memory,
     model_variants,
     profile_step,
+    time_to_result,
     train_speed,
 )
 from stackft_jax import sharding
@@ -254,3 +255,18 @@ def test_gemm_bfloat16_products_run_in_both_frameworks():
     rows = gemm.products(gemm.model_dims("tiny"), batch=2, seq_len=8)
     gemm.time_products(rows, ["jax", "torch"], warmup=1, repeats=1, dtype="bfloat16")
     assert all(row["jax_s"] > 0 and row["torch_s"] > 0 for row in rows)
+
+
+def test_time_to_result(tmp_path):
+    out = tmp_path / "time_to_result.json"
+    time_to_result.main(["--quick", f"--out={out}"])
+    runs = _read(out)["results"]["tiny"]
+    assert set(runs) == {"cold", "warm"}
+    for run in runs.values():
+        assert set(run["seconds"]) == set(time_to_result.ROWS)
+        # Every row was measured: a run starts, reads data, builds a model, compiles, trains, evaluates.
+        assert all(run["seconds"][row] > 0 for row in time_to_result.ROWS if row != "rest")
+        assert sum(run["seconds"].values()) == pytest.approx(run["wall_s"], abs=0.05)
+        assert run["final"]["dev"]["accuracy"] >= 0
+    # The warm run loads its programs from the cold run's persistent cache instead of compiling them.
+    assert runs["warm"]["seconds"]["compilation"] < runs["cold"]["seconds"]["compilation"]

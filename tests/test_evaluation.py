@@ -1,6 +1,8 @@
 """Evaluation gathers per-row outputs back into dataset order (batches run longest first, the last one
 padded) and scores them with the task; prediction records follow the file order."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -77,3 +79,11 @@ def test_prediction_records_follow_the_file_with_labels():
     records = glue.QQP.prediction_records(split, _evaluator().evaluate({}, split).rows)
     assert [r["key"] for r in records] == [f"{i}-key" for i in range(NUM_ROWS)]
     assert records[3] == {"key": "3-key", "prediction": 1, "label": 1, "probabilities": [0.25, 0.75]}
+
+
+def test_evaluation_shows_its_own_progress(capsys):
+    _evaluator().evaluate({}, _split())
+    bar = capsys.readouterr().err
+    # 21 rows in batches of 8: a bar of three batches, drawn before the first one runs (tqdm redraws
+    # its counts at most every 0.1 s, so on this fast stand-in it may draw no other).
+    assert re.search(r"eval dev: .* 0/3 ", bar), bar

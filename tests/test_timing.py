@@ -1,0 +1,48 @@
+"""RunTimer: exclusive phase times, compilation taken out of the phase it happened in, and a record
+whose parts add up to its total."""
+
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from stackft_jax import timing
+
+
+def test_nested_phases_are_counted_once():
+    with timing.RunTimer() as timer:
+        with timer.phase("outer"):
+            time.sleep(0.2)
+            with timer.phase("inner"):
+                time.sleep(0.3)
+    assert timer.seconds["inner"] == pytest.approx(0.3, abs=0.05)
+    assert timer.seconds["outer"] == pytest.approx(0.2, abs=0.05)
+
+
+def test_compilation_is_taken_out_of_the_phase_that_compiled(tmp_path):
+    # A program no other test compiles (the shape is odd on purpose), so it is traced and compiled here.
+    x = jnp.ones((3, 7, 11))
+    with timing.RunTimer() as timer:
+        with timer.phase("train_steps"):
+            jax.block_until_ready(jax.jit(lambda a: jnp.tanh(a) @ a.transpose(0, 2, 1))(x))
+            time.sleep(0.1)
+    assert timer.seconds[timing.COMPILATION] > 0
+    assert timer.seconds["train_steps"] == pytest.approx(0.1, abs=0.05)
+    record = json.loads(timer.write(tmp_path).read_text())
+    parts = record["seconds"]
+    assert set(parts) == {"train_steps", timing.COMPILATION, "other"}
+    assert sum(parts.values()) == pytest.approx(record["total_s"], abs=0.01)
+
+
+def test_spans_inside_other_spans_are_counted_once():
+    with timing.RunTimer() as timer:
+        jax.monitoring.record_event_time_span("/jax/core/compile/jaxpr_trace_duration", 10.0, 14.0)
+        jax.monitoring.record_event_time_span("/jax/core/compile/jaxpr_trace_duration", 11.0, 12.0)
+        jax.monitoring.record_event_time_span("/jax/core/compile/backend_compile_duration", 13.0, 15.0)
+        jax.monitoring.record_event_time_span("/jax/some/other_event", 0.0, 100.0)
+    assert timer.seconds[timing.COMPILATION] == pytest.approx(5.0)
+    # Closed: later spans are not heard.
+    jax.monitoring.record_event_time_span("/jax/core/compile/backend_compile_duration", 20.0, 30.0)
+    assert timer.seconds[timing.COMPILATION] == pytest.approx(5.0)
