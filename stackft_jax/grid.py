@@ -87,8 +87,10 @@ def run_grid(
     runs = runs_of(grid)
     baseline_of(grid)
     configs = {run: run_config(grid, run) for run in runs}  # every cell's config checked up front
-    from stackft_jax import train  # jax starts only once the grid is known to be valid
+    from stackft_jax import compilation_cache, train  # jax starts only once the grid is known to be valid
 
+    if runs:  # the cells share their shapes: a cell's later seeds (and a resumed grid) compile nothing
+        compilation_cache.enable(configs[runs[0]].compilation_cache_dir)
     for position, run in enumerate(runs):
         run_dir = Path(workdir) / "runs" / run.name
         if position % count != index or (run_dir / "results.json").exists():
