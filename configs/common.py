@@ -2,7 +2,7 @@
 
 Keys that form the interface (see README, "Configuration"):
   model.name_or_path         hub id (bert-base-uncased), local folder, or "embedded:minilm"
-  data.task                  qqp | mrpc | stsb | sst2 | conll2003
+  data.task                  qqp | mrpc | stsb | sst2 | conll2003 | yahoo_answers
   data.train_file / dev_file / test_file   local files; unset -> the Hugging Face dataset
   strategy                   finetune_only | stack_only | stack_and_finetune
   seed, max_seq_length, per_device_batch_size (global batch = per-device x device count)
@@ -51,7 +51,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.head.dropout_rate = 0.1  # dropout inside the head
 
     c.data = ml_collections.ConfigDict()
-    c.data.task = "qqp"  # qqp | mrpc | stsb | sst2 | conll2003 (stackft_jax/data/tasks.py)
+    c.data.task = "qqp"  # qqp | mrpc | stsb | sst2 | conll2003 | yahoo_answers (stackft_jax/data/tasks.py)
     c.data.train_file = placeholder(str)  # local file; unset: the Hugging Face dataset
     c.data.dev_file = placeholder(str)  # local file; unset: the Hugging Face dataset
     c.data.test_file = placeholder(str)  # local file, scored at the end; unset: no test split
