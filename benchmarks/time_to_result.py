@@ -112,7 +112,7 @@ def timed_run(config_args: list[str], workdir: Path, caches: Path, seed: int) ->
         "data": phases.get("data", 0.0),
         "model_load": phases.get("model_load", 0.0),
         "compilation": phases.get(timing.COMPILATION, 0.0),
-        "train_steps": phases.get("train_steps", 0.0),
+        "train_steps": phases.get("train_steps", 0.0) + phases.get("feature_cache", 0.0),
         "evaluation": phases.get("evaluation", 0.0) + phases.get("gap_evaluation", 0.0),
         "checkpoint_writes": phases.get("checkpoint_writes", 0.0),
     }

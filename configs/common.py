@@ -80,6 +80,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.phase1.backbone_dropout = True  # the frozen backbone runs in training mode (with dropout)
     c.phase1.feature_cache = False  # needs backbone_dropout=False; files under WORKDIR/feature_cache
     c.phase1.feature_cache_dtype = "float32"  # or "bfloat16": half the disk and page cache
+    c.phase1.feature_cache_dir = ""  # folder shared by runs; "": WORKDIR's or a grid's; "none": WORKDIR's
 
     c.phase2 = ml_collections.ConfigDict()  # the all-parameters phase (finetune_only, and s&f's second)
     c.phase2.backbone_learning_rate = 2e-5  # peak learning rate of BERT

@@ -19,6 +19,11 @@ and a finished grid only rewrites the report (experiment_report.py). Runs go see
 short still has comparable cells. `--shard=i/N` runs the cell-seeds whose position in that order is i
 mod N: N machines over one shared workdir (or merged later) split a grid; the report is written by
 whichever finds every run finished.
+
+Runs with `phase1.feature_cache=True` and no `phase1.feature_cache_dir` of their own share
+WORKDIR/feature_cache: the frozen backbone's features are built once for all cells and seeds with the
+same backbone and data (pretrained weights; a random init differs per seed), so later stack-only and
+phase-1 cells cost the head alone. Shards building the same cache at once are safe (feature_cache.py).
 """
 
 import sys

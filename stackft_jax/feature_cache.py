@@ -13,14 +13,22 @@ Stored per example, at its real length only (memory grows with real tokens, not 
                      embedding output and every layer (what the scalar mix mixes); example i is rows
                      offsets[i]:offsets[i + 1], examples concatenated in dataset order
   pooled.bin         [examples, hidden]: the pooler output
-  meta.json          shapes, dtype and a fingerprint of the backbone weights and the tokenized split
+  meta.json          shapes, dtype and the fingerprint: a hash of everything that decides the stored
+                     bits (backbone weights, architecture and compute dtype, the tokenized split,
+                     all_layers, storage dtype, and the batch shapes and devices the backbone ran on),
+                     never of the seed or the head: with pretrained weights, every seed and head of a
+                     grid reads the same features
 
-Where: raw `np.memmap` files in WORKDIR/feature_cache/<phase>/<split>/, in `phase1.feature_cache_dtype`
+Where: raw `np.memmap` files in WORKDIR/feature_cache/<phase>/<split>/, or with
+`phase1.feature_cache_dir` in <feature_cache_dir>/<fingerprint>/ (content-addressed: any number of
+runs, phases and processes share one folder safely), in `phase1.feature_cache_dtype`
 (float32, or bfloat16 for half the bytes). Files rather than host arrays because all-layer caches
 outgrow memory (17.5k QQP pairs x ~35 tokens x 7 layers x 384 x 4 bytes is ~6.6 GB); the OS keeps in
 its page cache what fits, so a cache that fits costs no more than an in-memory one, and a resumed run
 reopens the files instead of recomputing them. A cache is written to a temporary folder and renamed
-when complete; one whose fingerprint differs (other weights or data) is rebuilt, never read.
+when complete, so no reader sees it half-written; when another process renamed the same cache there
+first (grid shards starting together), its copy is kept and ours discarded. One whose fingerprint
+differs (other weights or data) is rebuilt, never read.
 """
 
 import dataclasses
@@ -47,7 +55,7 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 # Bump when the stored arrays change meaning, so old caches are rebuilt.
-_VERSION = 1
+_VERSION = 2
 
 Batch = dict[str, np.ndarray]
 
@@ -92,14 +100,25 @@ def open_or_build(
     dtype: str,
     global_batch_size: int,
     buckets: tuple[int, ...],
+    shared: bool = False,
 ) -> FeatureCache:
     """The cache in `directory` when it was built from these backbone weights and this split; else
-    runs the backbone over `ds` (deterministic, in eval batches) and writes it there first."""
+    runs the backbone over `ds` (deterministic, in eval batches) and writes it there first. With
+    `shared`, `directory` holds the caches of any runs, one folder per fingerprint."""
     if dtype not in DTYPES:
         raise ValueError(f"feature cache dtype {dtype!r}: choose one of {sorted(DTYPES)}")
     directory = Path(directory)
-    fingerprint = _fingerprint(params["backbone"], ds, all_layers=all_layers, dtype=dtype)
     started = time.time()
+    fingerprint = _fingerprint(
+        params,
+        ds,
+        graphdef=graphdef,
+        all_layers=all_layers,
+        dtype=dtype,
+        batch_shapes=f"{global_batch_size}x{buckets} on {mesh.size} {mesh.devices.flat[0].platform}",
+    )
+    if shared:
+        directory = directory / fingerprint
     meta = _read_meta(directory)
     action = "opened"
     if meta is None or meta["fingerprint"] != fingerprint:
@@ -136,14 +155,32 @@ def open_or_build(
     return cache
 
 
-def _fingerprint(backbone_params: Any, ds: batching.Dataset, *, all_layers: bool, dtype: str) -> str:
-    h = hashlib.sha256(f"v{_VERSION}|all_layers={all_layers}|{dtype}".encode())
-    for path, leaf in jax.tree_util.tree_flatten_with_path(backbone_params)[0]:
+def _fingerprint(
+    params: Any,
+    ds: batching.Dataset,
+    *,
+    graphdef: nnx.GraphDef,
+    all_layers: bool,
+    dtype: str,
+    batch_shapes: str,
+) -> str:
+    backbone = nnx.merge(graphdef, params).backbone
+    # Dropout rates do not matter (the backbone runs deterministically); padded batch shapes and
+    # devices change only float rounding, but a shared cache must match a per-run one bit for bit.
+    architecture = dataclasses.replace(
+        backbone.config, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
+    h = hashlib.sha256(
+        f"v{_VERSION}|all_layers={all_layers}|{dtype}|{architecture}|compute "
+        f"{np.dtype(backbone.dtype).name}|{batch_shapes}".encode()
+    )
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params["backbone"])[0]:
         # addressable_data(0): a replicated array's local copy, also on multi-host meshes.
         array = np.asarray(leaf.addressable_data(0) if isinstance(leaf, jax.Array) else leaf)
         h.update(f"{jax.tree_util.keystr(path)}|{array.dtype}|{array.shape}".encode())
         h.update(np.ascontiguousarray(array).tobytes())
     for array in (ds["input_ids"], ds["token_type_ids"], ds["lengths"]):
+        h.update(f"{array.dtype}|{array.shape}".encode())
         h.update(np.ascontiguousarray(array).tobytes())
     return h.hexdigest()[:24]
 
@@ -215,12 +252,23 @@ def _build(
         }
         del hidden, pooled
         (tmp / "meta.json").write_text(json.dumps(meta) + "\n")
-        if directory.exists():  # a stale cache (other weights or data)
-            shutil.rmtree(directory)
-        os.replace(tmp, directory)
-    except BaseException:
+        if directory.exists() and (_read_meta(directory) or {}).get("fingerprint") != fingerprint:
+            shutil.rmtree(directory)  # a stale cache (other weights or data)
+        _publish(tmp, directory, fingerprint)
+    finally:  # renamed: nothing left; beaten by another process, or failed: discard ours
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+
+def _publish(tmp: Path, directory: Path, fingerprint: str) -> None:
+    """Renames the complete cache `tmp` to `directory` in one step. Another process may have built
+    the same cache meanwhile and renamed its copy there first (renaming onto a non-empty folder
+    fails): theirs is kept, and the caller discards ours."""
+    try:
+        os.rename(tmp, directory)
+    except OSError:
+        if (_read_meta(directory) or {}).get("fingerprint") != fingerprint:
+            raise
+        log.info("feature cache %s: another process built it first, opening theirs", directory)
 
 
 def _check_disk_space(directory: Path, nbytes: int) -> None:

@@ -79,6 +79,13 @@ def run_config(grid: ml_collections.ConfigDict, run: Run) -> ml_collections.Conf
     return config_cli.load(grid.base, run.overrides())
 
 
+def share_feature_cache(config: ml_collections.ConfigDict, workdir: str | Path) -> None:
+    """Points a feature-cached run without its own `phase1.feature_cache_dir` at the grid's: cells
+    and seeds with the same backbone and data then build the frozen features once between them."""
+    if config.phase1.feature_cache and not config.phase1.feature_cache_dir:
+        config.phase1.feature_cache_dir = str(Path(workdir) / "feature_cache")
+
+
 def run_grid(
     grid: ml_collections.ConfigDict, workdir: str | Path, *, shard: tuple[int, int] = (0, 1)
 ) -> bool:
@@ -87,6 +94,8 @@ def run_grid(
     runs = runs_of(grid)
     baseline_of(grid)
     configs = {run: run_config(grid, run) for run in runs}  # every cell's config checked up front
+    for config in configs.values():
+        share_feature_cache(config, workdir)
     from stackft_jax import compilation_cache, train  # jax starts only once the grid is known to be valid
 
     if runs:  # the cells share their shapes: a cell's later seeds (and a resumed grid) compile nothing

@@ -47,6 +47,7 @@ class Phase:
     backbone_dropout: bool = True  # False: the backbone runs deterministically, the head keeps dropout
     feature_cache: bool = False  # train from stored backbone features (frozen, dropout-free backbone)
     feature_cache_dtype: str = "float32"
+    feature_cache_dir: str = ""  # shared by runs, one folder per fingerprint; "" or "none": the workdir
 
     def __post_init__(self):
         if self.feature_cache and (self.backbone_dropout or self.trains_backbone):
@@ -117,6 +118,7 @@ def frozen_backbone_phase(
         backbone_dropout=block.backbone_dropout,
         feature_cache=block.feature_cache,
         feature_cache_dtype=block.feature_cache_dtype,
+        feature_cache_dir=block.feature_cache_dir,
     )
 
 

@@ -161,13 +161,16 @@ def build_model(config, task, model_dir: Path) -> tuple[TaskModel, bert.BertConf
 
 def feature_caches(ctx: Context, phase: phases.Phase, params) -> dict[str, feature_cache.FeatureCache]:
     """The frozen backbone's train and dev features for `phase`, built once per workdir (a resumed
-    run reopens them); the train/dev gap evaluation reads the train cache too."""
+    run reopens them), or once for every run sharing `phase.feature_cache_dir`; the train/dev gap
+    evaluation reads the train cache too."""
+    shared = phase.feature_cache_dir not in ("", "none")  # "none": the workdir, also in a grid
     caches = {}
     for split in ("train", "dev"):
-        # One folder per process: hosts sharing a filesystem must not replace each other's files.
+        # One folder per process: hosts sharing a filesystem must not replace each other's files
+        # (a shared folder is content-addressed and never replaces one).
         name = split if jax.process_count() == 1 else f"{split}.process{jax.process_index()}"
         caches[split] = feature_cache.open_or_build(
-            ctx.workdir / "feature_cache" / phase.name / name,
+            phase.feature_cache_dir if shared else ctx.workdir / "feature_cache" / phase.name / name,
             ctx.datasets[split].arrays,
             params,
             graphdef=ctx.graphdef,
@@ -176,6 +179,7 @@ def feature_caches(ctx: Context, phase: phases.Phase, params) -> dict[str, featu
             dtype=phase.feature_cache_dtype,
             global_batch_size=ctx.eval_global_batch_size,
             buckets=ctx.buckets,
+            shared=shared,
         )
     return caches
 
@@ -336,7 +340,8 @@ def run_phase(
     preemption.install_sigterm_flag()
     started = time.time()
     # Built before the first step donates the state: its backbone is the phase's frozen one.
-    features = feature_caches(ctx, phase, state.params) if phase.feature_cache else {}
+    with ctx.timer.phase("feature_cache"):  # built, or opened (shared by another run)
+        features = feature_caches(ctx, phase, state.params) if phase.feature_cache else {}
     step, stop_reason = start_step, None
     uncounted = None  # the last dispatched step's loss, until the bar counts that step
     window: list[dict] = []

@@ -36,6 +36,7 @@ RESULT_NEUTRAL_KEYS = frozenset(
         "data.cache_dir",
         "model.allow_pickle",
         "compilation_cache_dir",
+        "phase1.feature_cache_dir",
     )
 )
 

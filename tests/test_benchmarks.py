@@ -19,6 +19,7 @@ from benchmarks import (
     feature_cache,
     flops,
     gemm,
+    grid_sharing,
     input_pipeline,
     memory,
     model_variants,
@@ -270,3 +271,13 @@ def test_time_to_result(tmp_path):
         assert run["final"]["dev"]["accuracy"] >= 0
     # The warm run loads its programs from the cold run's persistent cache instead of compiling them.
     assert runs["warm"]["seconds"]["compilation"] < runs["cold"]["seconds"]["compilation"]
+
+
+def test_grid_sharing(tmp_path):
+    out = tmp_path / "grid_sharing.json"
+    payload = grid_sharing.main(["--quick", f"--out={out}"])
+    assert _read(out)["results_match"] == payload["results_match"] is True
+    shared, per_run = payload["results"]["shared"], payload["results"]["per_run"]
+    assert len(shared["runs"]) == len(per_run["runs"]) == 2
+    # The two cells of seed 0 read one train and one dev cache; alone, each run builds its own two.
+    assert (shared["caches_built"], per_run["caches_built"]) == (2, 4)

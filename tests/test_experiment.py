@@ -63,6 +63,26 @@ def test_a_bad_key_in_an_axis_fails_before_training(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_grid_shares_one_feature_cache_between_its_cells(tmp_path):
+    g = _grid(
+        base="configs/tiny.py:strategy=stack_only,phase1.backbone_dropout=false,phase1.feature_cache=true,"
+        "phase1.num_steps=3",
+        axes="phase1.learning_rate=0.001|0.01",
+        num_seeds=1,
+        baseline="phase1.learning_rate=0.001",
+    )
+    assert grid.run_grid(g, tmp_path)
+    # Both cells (same seed, so the same random backbone) read one cache per split.
+    assert len(list((tmp_path / "feature_cache").glob("*/meta.json"))) == 2
+    assert not list((tmp_path / "runs").glob("*/feature_cache"))
+    recorded = json.loads((tmp_path / "runs" / "learning_rate=0.01-seed0" / "config.json").read_text())
+    assert recorded["config"]["phase1"]["feature_cache_dir"] == str(tmp_path / "feature_cache")
+
+    explicit = config_cli.load("configs/tiny.py:phase1.feature_cache=true,phase1.feature_cache_dir=/x", [])
+    grid.share_feature_cache(explicit, tmp_path)
+    assert explicit.phase1.feature_cache_dir == "/x"  # a run's own folder wins
+
+
 def test_shard_syntax():
     assert grid.parse_shard("1/3") == (1, 3)
     for bad in ("3/3", "1", "-1/2"):

@@ -1,7 +1,9 @@
 """The frozen-feature cache: what it stores, that training from it matches recomputing the backbone,
-the config error, and resume after a kill inside a cached phase."""
+the config error, resume after a kill inside a cached phase, and one cache shared by runs and
+processes (`phase1.feature_cache_dir`)."""
 
 import json
+import os
 import shutil
 import signal
 from pathlib import Path
@@ -37,7 +39,9 @@ def _dev_split_and_model(scalar_mix: bool):
     return ds, model
 
 
-def _open_or_build(directory: Path, ds, model, *, all_layers: bool, dtype: str = "float32"):
+def _open_or_build(
+    directory: Path, ds, model, *, all_layers: bool, dtype: str = "float32", shared: bool = False
+):
     mesh = sharding.make_mesh()
     graphdef, state = nnx.split(model)
     params = jax.device_put(nnx.to_pure_dict(state), sharding.replicated(mesh))
@@ -51,6 +55,7 @@ def _open_or_build(directory: Path, ds, model, *, all_layers: bool, dtype: str =
         dtype=dtype,
         global_batch_size=8,
         buckets=BUCKETS,
+        shared=shared,
     )
 
 
@@ -202,3 +207,52 @@ def test_resume_inside_a_cached_phase_equals_an_uninterrupted_run(tmp_path, run_
                 for w in (uninterrupted, resumed)
             )
             jax.tree.map(np.testing.assert_array_equal, pa, pb)
+
+
+# Pretrained MiniLM (the same backbone for every seed; the tiny config's random init draws one per seed).
+PRETRAINED_STACK = (
+    "strategy=stack_only,phase1.backbone_dropout=false,phase1.feature_cache=true,phase1.num_steps=3,"
+    "model.init=pretrained,model.config_overrides.hidden_size=0,model.config_overrides.num_hidden_layers=0,"
+    "model.config_overrides.num_attention_heads=0,model.config_overrides.intermediate_size=0"
+)
+
+
+def test_runs_with_other_seeds_build_one_shared_cache_and_match_per_run_caches(tmp_path):
+    shared = tmp_path / "shared"
+    arg = f"{PRETRAINED_STACK},phase1.feature_cache_dir={shared}"
+    train.run(tiny.get_config(f"{arg},seed=0"), tmp_path / "seed0")
+    built = {path: path.stat().st_mtime_ns for path in shared.glob("*/meta.json")}
+    assert len(built) == 2  # train and dev, one folder per fingerprint
+
+    shared_run = train.run(tiny.get_config(f"{arg},seed=1"), tmp_path / "seed1")
+    # Reopened, not rebuilt: the seed enters neither the backbone nor the fingerprint.
+    assert {path: path.stat().st_mtime_ns for path in shared.glob("*/meta.json")} == built
+    assert sorted(p.name for p in shared.iterdir()) == sorted(p.parent.name for p in built)
+    assert not (tmp_path / "seed1" / "feature_cache").exists()
+
+    own_run = train.run(tiny.get_config(f"{PRETRAINED_STACK},seed=1"), tmp_path / "own")
+    assert len(list((tmp_path / "own" / "feature_cache").glob("*/*/meta.json"))) == 2
+    assert shared_run["final"] == own_run["final"]
+    metrics = [(tmp_path / run / "metrics.jsonl").read_text() for run in ("seed1", "own")]
+    assert metrics[0] == metrics[1]
+
+
+def test_a_cache_another_process_renamed_there_first_is_kept(tmp_path, monkeypatch):
+    ds, model = _dev_split_and_model(scalar_mix=False)
+    first = _open_or_build(tmp_path / "elsewhere", ds, model, all_layers=False, shared=True)
+    (theirs,) = (tmp_path / "elsewhere").iterdir()
+    (theirs / "written_by_the_first_process").touch()
+    rename = os.rename
+
+    def another_process_finishes_first(src, dst):
+        if Path(dst).parent == tmp_path / "shared":
+            shutil.copytree(theirs, dst)
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", another_process_finishes_first)
+    cache = _open_or_build(tmp_path / "shared", ds, model, all_layers=False, shared=True)
+    # One folder, the first process's; ours (the temporary folder) is gone.
+    (kept,) = (tmp_path / "shared").iterdir()
+    assert kept.name == theirs.name and (kept / "written_by_the_first_process").exists()
+    np.testing.assert_array_equal(cache.hidden_states, first.hidden_states)
+    np.testing.assert_array_equal(cache.pooled, first.pooled)
