@@ -121,7 +121,7 @@ def open_or_build(
         directory = directory / fingerprint
     meta = _read_meta(directory)
     action = "opened"
-    if meta is None or meta["fingerprint"] != fingerprint:
+    if _any_process(meta is None or meta["fingerprint"] != fingerprint):
         features_fn = jax.jit(
             functools.partial(
                 steps.features_step, graphdef=graphdef, all_layers=all_layers, dtype=DTYPES[dtype]
@@ -153,6 +153,17 @@ def open_or_build(
         time.time() - started,
     )
     return cache
+
+
+def _any_process(flag: bool) -> bool:
+    """True when `flag` is true on any process. Every process runs the backbone's batches together,
+    so all must build when one lacks the cache (a shared folder can gain it between their checks);
+    those that had it keep theirs when publishing."""
+    if jax.process_count() == 1:
+        return flag
+    from jax.experimental import multihost_utils
+
+    return bool(np.any(multihost_utils.process_allgather(np.array(flag))))
 
 
 def _fingerprint(

@@ -47,12 +47,16 @@ def _command(workdir: Path, *extra: str) -> list[str]:
     ]
 
 
-def _start_pair(workdir: Path, kill_at: dict[int, str] | None = None) -> list[subprocess.Popen]:
+def _start_pair(
+    workdir: Path, kill_at: dict[int, str] | None = None, extra: tuple[str, ...] = ()
+) -> list[subprocess.Popen]:
     """Processes 0 and 1 of a two-process run, one CPU device each."""
     address = f"127.0.0.1:{_free_port()}"
     return [
         subprocess.Popen(
-            _command(workdir, f"--coordinator_address={address}", "--num_processes=2", f"--process_id={i}"),
+            _command(
+                workdir, f"--coordinator_address={address}", "--num_processes=2", f"--process_id={i}", *extra
+            ),
             cwd=REPO,
             env=_env(1, (kill_at or {}).get(i)),
             stdout=subprocess.PIPE,
@@ -115,6 +119,22 @@ def test_sigterm_to_one_process_saves_the_same_step_on_both(one_process, tmp_pat
 
     _finish(_start_pair(tmp_path))
     _assert_same_run(one_process, tmp_path)
+
+
+def test_two_processes_build_one_shared_feature_cache_at_once(tmp_path):
+    shared = tmp_path / "feature_cache"
+    cached = (
+        "--config.strategy=stack_only",
+        "--config.phase1.backbone_dropout=False",
+        "--config.phase1.feature_cache=True",
+        f"--config.phase1.feature_cache_dir={shared}",
+    )
+    # Both processes build the same caches and publish them by renaming: one copy wins, none is torn.
+    outputs = _finish(_start_pair(tmp_path / "run", extra=cached))
+    assert len(list(shared.glob("*/meta.json"))) == 2  # train and dev
+    # Per split, the second rename found the first process's cache in place.
+    assert sum(out.count("another process built it first") for out in outputs) == 2
+    assert sorted(p.suffix for p in shared.iterdir()) == ["", ""]  # no temporary folder left
 
 
 def test_coordinator_without_process_count_is_refused_before_starting(tmp_path):
