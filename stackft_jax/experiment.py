@@ -24,6 +24,7 @@ Runs with `phase1.feature_cache=True` and no `phase1.feature_cache_dir` of their
 WORKDIR/feature_cache: the frozen backbone's features are built once for all cells and seeds with the
 same backbone and data (pretrained weights; a random init differs per seed), so later stack-only and
 phase-1 cells cost the head alone. Shards building the same cache at once are safe (feature_cache.py).
+`phase1.feature_cache_dir=none` keeps each run's caches in its own workdir.
 """
 
 import sys
