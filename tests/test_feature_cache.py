@@ -28,8 +28,8 @@ BUCKETS = (16, 24, 32)
 CACHED = "phase1.backbone_dropout=false,phase2.num_steps=1"
 
 
-def _dev_split_and_model(scalar_mix: bool):
-    config = tiny.get_config()
+def _dev_split_and_model(scalar_mix: bool, arg: str | None = None):
+    config = tiny.get_config(arg)
     config.model.scalar_mix = scalar_mix
     task = tasks.get_task(config.data.task)
     model_dir = bert.resolve_model_dir(config.model.name_or_path)
@@ -256,3 +256,12 @@ def test_a_cache_another_process_renamed_there_first_is_kept(tmp_path, monkeypat
     assert kept.name == theirs.name and (kept / "written_by_the_first_process").exists()
     np.testing.assert_array_equal(cache.hidden_states, first.hidden_states)
     np.testing.assert_array_equal(cache.pooled, first.pooled)
+
+
+def test_another_compute_dtype_gets_its_own_shared_cache(tmp_path):
+    ds, model = _dev_split_and_model(scalar_mix=False)
+    _open_or_build(tmp_path, ds, model, all_layers=False, shared=True)
+    # The same weights (same seed) computed in bfloat16 store other bits: a folder of their own.
+    _, bf16_model = _dev_split_and_model(scalar_mix=False, arg="model.dtype=bfloat16")
+    _open_or_build(tmp_path, ds, bf16_model, all_layers=False, shared=True)
+    assert len(list(tmp_path.glob("*/meta.json"))) == 2
