@@ -155,14 +155,17 @@ def comparisons(
             "mean_difference": statistics.mean(differences),
             "t_test_p": None,
             "wilcoxon_p": None,
+            "aso_epsilon": None,
         }
+        # Seed-level tests need pairs: one seed would give Wilcoxon p = 1 and ASO 0 (not evidence).
         if len(seeds) > 1 and len(set(differences)) > 1:
             row["t_test_p"] = float(scipy.stats.ttest_rel(ours, theirs).pvalue)
-        if any(differences):
+        if len(seeds) > 1 and any(differences):
             row["wilcoxon_p"] = float(scipy.stats.wilcoxon(ours, theirs).pvalue)
-        row["aso_epsilon"] = float(
-            aso(ours, theirs, seed=0, show_progress=False, num_bootstrap_iterations=aso_iterations)
-        )
+        if len(seeds) > 1:
+            row["aso_epsilon"] = float(
+                aso(ours, theirs, seed=0, show_progress=False, num_bootstrap_iterations=aso_iterations)
+            )
         row["bootstrap"] = paired_bootstrap(
             [by_cell_seed[cell, s].dev_predictions for s in seeds],
             [by_cell_seed[baseline_cell, s].dev_predictions for s in seeds],

@@ -83,6 +83,17 @@ def test_a_grid_shares_one_feature_cache_between_its_cells(tmp_path):
     assert explicit.phase1.feature_cache_dir == "/x"  # a run's own folder wins
 
 
+def test_one_seed_gets_no_seed_level_tests(tmp_path):
+    g = _grid(axes="strategy=finetune_only|stack_and_finetune", num_seeds=1)
+    for run in grid.runs_of(g):
+        better = run.cell[0][1] == "stack_and_finetune"
+        _fake_run(tmp_path, run, 0.75 if better else 0.5, [True, True, better, False])
+    experiment_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    (row,) = json.loads((tmp_path / "report.json").read_text())["comparisons"]
+    assert row["t_test_p"] is row["wilcoxon_p"] is row["aso_epsilon"] is None
+    assert row["bootstrap"]["difference"] == pytest.approx(0.25)  # examples still pair up
+
+
 def test_shard_syntax():
     assert grid.parse_shard("1/3") == (1, 3)
     for bad in ("3/3", "1", "-1/2"):
