@@ -204,7 +204,8 @@ def test_config_presets_read_the_packaged_sample():
 
 
 def test_demo_preset_runs_and_records_label_names_and_held_out_dev(tmp_path, run_cli):
-    """The demo preset shrunk to a tiny random BERT and two steps a phase, without a dev file."""
+    """The demo preset shrunk to a tiny random BERT and two steps a phase, without a dev file; the
+    packaged dev file serves as a held-out test file."""
     workdir = tmp_path / "run"
     proc = run_cli(
         workdir,
@@ -212,6 +213,7 @@ def test_demo_preset_runs_and_records_label_names_and_held_out_dev(tmp_path, run
             f"--config.{item}"
             for item in (
                 "data.dev_file=none",
+                f"data.test_file={sample_path('yahoo_dev.csv')}",
                 "data.truncation=head_tail",
                 "model.init=random",
                 "model.config_overrides.hidden_size=32",
@@ -231,9 +233,11 @@ def test_demo_preset_runs_and_records_label_names_and_held_out_dev(tmp_path, run
     results = json.loads((workdir / "results.json").read_text())
     assert results["data"] == {
         "label_names": list(TWO),
-        "num_examples": {"train": 360, "dev": 40},
+        "num_examples": {"train": 360, "dev": 40, "test": 100},
         "dev_held_out_fraction": 0.1,
     }
-    assert set(results["final"]["dev"]) == {"accuracy", "macro_f1", "loss"}
+    assert set(results["final"]["dev"]) == set(results["final"]["test"]) == {"accuracy", "macro_f1", "loss"}
     records = [json.loads(line) for line in (workdir / "predictions" / "dev.jsonl").read_text().splitlines()]
     assert len(records) == 40 and all(len(r["probabilities"]) == 2 for r in records)
+    tested = [json.loads(line) for line in (workdir / "predictions" / "test.jsonl").read_text().splitlines()]
+    assert len(tested) == 100 and all(len(r["probabilities"]) == 2 for r in tested)
