@@ -55,10 +55,11 @@ TAGGING_HEADS = sorted(name for name, (_, cls) in HEADS.items() if cls is tagger
 TAGS = ("O", "B-X", "I-X", "B-Y", "I-Y")
 
 
-def build(name: str, num_outputs: int = 2, dtype=jnp.float32, dropout_rate: float = 0.1):
+def build(name: str, num_outputs: int | None = None, dtype=jnp.float32, dropout_rate: float = 0.1):
+    """The head on `num_outputs` classes (default 2), or for a tagging head on `TAGS`."""
     cls = HEADS[name][1]
-    if name in TAGGING_HEADS:
-        num_outputs = len(TAGS)
+    if num_outputs is None:
+        num_outputs = len(TAGS) if name in TAGGING_HEADS else 2
     return cls(
         small_config(name),
         hidden_size=HIDDEN,
