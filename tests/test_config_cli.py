@@ -198,7 +198,7 @@ def test_every_key_has_its_own_comment(spec):
     assert comments["head.cls_mlp.hidden_dim"] == "width of the tanh layer between [CLS] and the output"
     assert comments["model.config_overrides.num_hidden_layers"] == "transformer layers; 0: config.json's"
     # Comments are one per key, not a block's repeated: no two keys of a head share all their text.
-    assert len({comments[key] for key in keys if key.startswith("head.sim_transformer.")}) == 8
+    assert len({comments[key] for key in keys if key.startswith("head.sim_transformer.")}) == 9
 
 
 def test_show_prints_every_key_with_value_and_comment():

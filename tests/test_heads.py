@@ -199,20 +199,22 @@ def train_step(graphdef, params, opt_state, features, labels, key):
 
 @functools.cache
 def overfit(name: str):
-    """Trains a fresh head on 8 random labels as train.py would (dropout on, adam); returns the
-    first step's gradients, the labels and the final predictions. Cached: two tests read it."""
+    """Trains a fresh head on 8 random labels as train.py would (dropout on, adam); returns, per
+    parameter, whether any step's gradient was non-zero (a zero-initialised output layer passes no
+    gradient down at the first step, only from the second), the labels and the final predictions.
+    Cached: two tests read it."""
     graphdef, params = nnx.split(build(name))
     features = features_for(name, seed=3)
     labels = labels_for(name, jax.random.key(4))
     opt_state = TX.init(params)
-    first_grads = None
+    reached = jax.tree.map(lambda p: np.zeros(p.shape, bool), params)
     for step in range(120 if name in TAGGING_HEADS else 40):  # many more labels to fit per batch
         params, opt_state, grads = train_step(
             graphdef, params, opt_state, features, labels, jax.random.key(step)
         )
-        first_grads = grads if first_grads is None else first_grads
+        reached = jax.tree.map(lambda r, g: r | (np.asarray(g) != 0), reached, grads)
     predictions = predictions_of(forward(graphdef, params, features), features)
-    return first_grads, labels, predictions
+    return reached, labels, predictions
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -295,11 +297,11 @@ def test_padding_changes_nothing(name):
 
 @pytest.mark.parametrize("name", ALL_HEADS)
 def test_gradient_reaches_every_parameter(name):
-    grads, _, _ = overfit(name)
+    reached, _, _ = overfit(name)
     dead = [
         jax.tree_util.keystr(path)
-        for path, g in jax.tree_util.tree_leaves_with_path(grads)
-        if not np.any(np.asarray(g) != 0)
+        for path, r in jax.tree_util.tree_leaves_with_path(reached)
+        if not np.any(r)
     ]
     assert not dead, f"no gradient reaches {dead}"
 
@@ -320,6 +322,25 @@ def test_bfloat16_compute(name):
     assert loss.shape == (features.sequence.shape[0],)
     assert np.all(np.isfinite(np.asarray(loss, np.float32)))
     assert np.all(np.isfinite(np.asarray(jax.tree.leaves(outputs)[0], np.float32)))
+
+
+def test_sim_transformer_starts_from_zero_logits():
+    # Its matching vectors carry a large example-independent offset (the head's docstring): a random
+    # output layer would turn it into a random constant lean towards one class.
+    features = features_for("sim_transformer")
+    graphdef, params = nnx.split(build("sim_transformer"))
+    np.testing.assert_array_equal(np.asarray(forward(graphdef, params, features)), 0.0)
+    config = small_config("sim_transformer")
+    config.output_init = "lecun_normal"
+    head = HEADS["sim_transformer"][1](
+        config, hidden_size=HIDDEN, num_outputs=2, dropout_rate=0.1, dtype=jnp.float32, rngs=nnx.Rngs(0)
+    )
+    assert np.abs(np.asarray(head(features, deterministic=True))).max() > 1e-3
+    config.output_init = "kaiming"
+    with pytest.raises(ValueError, match="head.sim_transformer.output_init"):
+        HEADS["sim_transformer"][1](
+            config, hidden_size=HIDDEN, num_outputs=2, dropout_rate=0.1, dtype=jnp.float32, rngs=nnx.Rngs(0)
+        )
 
 
 def test_split_pair_extracts_both_sentences():

@@ -2,9 +2,13 @@
 
 Full scale (bert-base-uncased, GLUE QQP from the Hugging Face hub, the budgets of configs/quora.py):
   python -m stackft_jax.experiment --config=configs/experiments/paper_qqp.py --workdir=runs/paper_qqp
-CPU-sized (embedded MiniLM, the shared QQP subset, configs/quora.py's `mini` budgets):
+CPU-sized (embedded MiniLM, the shared QQP subset, 100 frozen-backbone and 80 fine-tuning steps of 16
+pairs; about 3 CPU-hours for the 60 runs on a 2-core machine; docs/strategy_comparison.md is its report):
   python -m stackft_jax.experiment --config=configs/experiments/paper_qqp.py:small \
     --workdir=runs/paper_qqp_small
+On two cores, two shards pinned one per core finish sooner than one process on both (compilation and the
+heads' recurrences use one core each):
+  taskset -c 0 python -m stackft_jax.experiment ... --shard=0/2 & taskset -c 1 ... --shard=1/2
 The report (WORKDIR/report.md) compares every strategy with finetune_only, per head, paired by seed.
 """
 
@@ -14,9 +18,25 @@ from stackft_jax import config_cli
 
 
 def small(c: ml_collections.ConfigDict) -> None:
-    c.base = (
-        "configs/quora.py:mini,data.train_file=../shared/data/qqp/train.tsv,"
-        "data.dev_file=../shared/data/qqp/dev.tsv"
+    c.base = ",".join(
+        [
+            "configs/quora.py:mini",
+            "data.train_file=../shared/data/qqp/train.tsv",
+            "data.dev_file=../shared/data/qqp/dev.tsv",
+            "max_seq_length=48",  # QQP pairs are short: 48 tokens hold most of them whole
+            "per_device_batch_size=16",
+            # Wang et al.'s phase 2 is the fine-tuning budget: finetune_only and stack-and-finetune's
+            # phase 2 both get 80 steps; stack_only and phase 1 get 100 steps of the head alone.
+            "phase1.num_steps=100",
+            "phase2.num_steps=80",
+            # The frozen backbone without dropout: its features are computed once for every cell and
+            # seed (the grid's shared feature cache), so stack_only and phase 1 cost the head alone.
+            "phase1.backbone_dropout=False",
+            "phase1.feature_cache=True",
+            "phase1.gap_eval_examples=500",
+            "eval_every_steps=40",
+            "checkpoint_every_steps=1000",  # resume at phase boundaries only: 60 runs' disk and time
+        ]
     )
 
 
