@@ -60,6 +60,9 @@ class Context:
     report: RunReport
     evaluator: evaluation.Evaluator
     timer: timing.RunTimer
+    # Per phase run in this process: its dev evaluation when it was taken on the parameters the phase
+    # ends with (at its last step), so the final scoring need not evaluate the same parameters again.
+    dev_at_phase_end: dict[str, evaluation.Evaluation] = dataclasses.field(default_factory=dict)
 
     @property
     def primary_metric(self) -> str:
@@ -343,6 +346,7 @@ def run_phase(
     with ctx.timer.phase("feature_cache"):  # built, or opened (shared by another run)
         features = feature_caches(ctx, phase, state.params) if phase.feature_cache else {}
     step, stop_reason = start_step, None
+    eval_now = False  # whether the last step run was evaluated on dev
     uncounted = None  # the last dispatched step's loss, until the bar counts that step
     window: list[dict] = []
     window_start = time.time()
@@ -403,9 +407,10 @@ def run_phase(
 
         if eval_now:
             with ctx.timer.phase("evaluation"):
-                dev = ctx.evaluator.evaluate(
+                dev_evaluation = ctx.evaluator.evaluate(
                     state.params, ctx.datasets["dev"], features=features.get("dev")
-                ).scores
+                )
+            dev = dev_evaluation.scores
             ctx.report.eval(
                 phase=phase.name,
                 step=step,
@@ -468,6 +473,10 @@ def run_phase(
         checkpoints.close()
         best_checkpoint.close()
 
+    if eval_now and not features:
+        # The loop ended on an evaluation of the backbone's own outputs (cached features may round
+        # differently): it scored exactly the parameters and computation this phase's final scoring would.
+        ctx.dev_at_phase_end[phase.name] = dev_evaluation
     stop_reason = stop_reason or f"step budget of {phase.num_steps} steps"
     log.info("%s stopped after %d steps: %s", phase.name, step, stop_reason)
     record = {
@@ -604,12 +613,13 @@ def _run(
     scored = "last"
     if config.final_params == "best":
         params, scored = _best_or_last(workdir, params, best, mesh)
+    evaluations = {}
+    if scored == "last" and plan[-1].name in ctx.dev_at_phase_end:
+        evaluations["dev"] = ctx.dev_at_phase_end[plan[-1].name]  # these parameters, already scored
     with timer.phase("evaluation"):
-        evaluations = {
-            name: ctx.evaluator.evaluate(params, datasets[name])
-            for name in ("dev", "test")
-            if name in datasets
-        }
+        for name in ("dev", "test"):
+            if name in datasets and name not in evaluations:
+                evaluations[name] = ctx.evaluator.evaluate(params, datasets[name])
     for name, done in evaluations.items():
         ctx.report.predictions(name, task.prediction_records(datasets[name], done.rows))
     final = {name: done.scores for name, done in evaluations.items() if datasets[name].labelled}

@@ -149,6 +149,33 @@ def test_single_phase_strategies(strategy, tmp_path):
     assert 0.0 <= results["final"]["dev"]["accuracy"] <= 1.0
 
 
+def test_final_scoring_reuses_the_last_steps_dev_evaluation(tmp_path, monkeypatch):
+    # A phase that ends on a dev evaluation has scored the final parameters already: scoring them again
+    # would double the run's largest evaluation cost. Its scores and predictions are the final ones.
+    from stackft_jax import evaluation
+
+    calls = []
+    original = evaluation.Evaluator.evaluate
+
+    def counted(self, params, split, **kwargs):
+        calls.append((split.name, kwargs.get("limit")))
+        return original(self, params, split, **kwargs)
+
+    monkeypatch.setattr(evaluation.Evaluator, "evaluate", counted)
+    config = tiny.get_config("strategy=finetune_only")
+    config.phase2.num_steps, config.eval_every_steps = 4, 2
+    results = train.run(config, tmp_path / "last")
+    assert [c for c in calls if c[0] == "dev"] == [("dev", None)] * 2  # steps 2 and 4; no third
+    last_eval = [r for r in _eval_records(tmp_path / "last") if r.get("split") == "dev"][-1]
+    assert results["final"]["dev"] == {k: last_eval[k] for k in results["final"]["dev"]}
+    assert len(predictions.read(predictions.path(tmp_path / "last", "dev"))) == 16
+
+    calls.clear()  # "best" parameters are scored anew (they may come from an earlier step)
+    config.final_params = "best"
+    train.run(config, tmp_path / "best")
+    assert [c for c in calls if c[0] == "dev"] == [("dev", None)] * 3
+
+
 def test_gap_rule_stops_phase1_early(tmp_path):
     config = tiny.get_config()
     config.phase1.max_train_dev_gap = -1.0  # any gap at all exceeds this

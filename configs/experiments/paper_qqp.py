@@ -2,8 +2,8 @@
 
 Full scale (bert-base-uncased, GLUE QQP from the Hugging Face hub, the budgets of configs/quora.py):
   python -m stackft_jax.experiment --config=configs/experiments/paper_qqp.py --workdir=runs/paper_qqp
-CPU-sized (embedded MiniLM, the shared QQP subset, 100 frozen-backbone and 80 fine-tuning steps of 16
-pairs; about 3 CPU-hours for the 60 runs on a 2-core machine; docs/strategy_comparison.md is its report):
+CPU-sized (embedded MiniLM, the shared QQP subset, 120 frozen-backbone and 60 fine-tuning steps of 16
+pairs; docs/strategy_comparison.md is its report):
   python -m stackft_jax.experiment --config=configs/experiments/paper_qqp.py:small \
     --workdir=runs/paper_qqp_small
 On two cores, two shards pinned one per core finish sooner than one process on both (compilation and the
@@ -26,15 +26,17 @@ def small(c: ml_collections.ConfigDict) -> None:
             "max_seq_length=48",  # QQP pairs are short: 48 tokens hold most of them whole
             "per_device_batch_size=16",
             # Wang et al.'s phase 2 is the fine-tuning budget: finetune_only and stack-and-finetune's
-            # phase 2 both get 80 steps; stack_only and phase 1 get 100 steps of the head alone.
-            "phase1.num_steps=100",
-            "phase2.num_steps=80",
+            # phase 2 both get 60 steps; stack_only and phase 1 get 120 steps of the head alone.
+            "phase1.num_steps=120",
+            "phase2.num_steps=60",
             # The frozen backbone without dropout: its features are computed once for every cell and
             # seed (the grid's shared feature cache), so stack_only and phase 1 cost the head alone.
             "phase1.backbone_dropout=False",
             "phase1.feature_cache=True",
             "phase1.gap_eval_examples=500",
-            "eval_every_steps=40",
+            # Dev (3,000 pairs) is scored at phase ends and mid-phase 1 (the gap rule): fine-tuning
+            # runs evaluate the backbone once, as each final score reuses its phase's last evaluation.
+            "eval_every_steps=60",
             "checkpoint_every_steps=1000",  # resume at phase boundaries only: 60 runs' disk and time
         ]
     )
