@@ -6,8 +6,7 @@ CPU-sized (embedded MiniLM, the shared QQP subset, 120 frozen-backbone and 60 fi
 pairs; docs/strategy_comparison.md is its report):
   python -m stackft_jax.experiment --config=configs/experiments/paper_qqp.py:small \
     --workdir=runs/paper_qqp_small
-On two cores, two shards pinned one per core finish sooner than one process on both (compilation and the
-heads' recurrences use one core each):
+docs/strategy_comparison.md's run used two shards over one workdir, one pinned to each of two cores:
   taskset -c 0 python -m stackft_jax.experiment ... --shard=0/2 & taskset -c 1 ... --shard=1/2
 The report (WORKDIR/report.md) compares every strategy with finetune_only, per head, paired by seed.
 """
