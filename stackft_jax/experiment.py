@@ -41,6 +41,8 @@ flags.DEFINE_string("shard", "0/1", "run only the cell-seeds at positions i mod 
 flags.DEFINE_bool("report_only", False, "write the report of the finished runs, train nothing")
 
 
+# A bad grid or cell config (named by key and run), a missing file or unfinished run (named by path).
+EXPLAINED_ERRORS = (config_cli.ConfigError, FileNotFoundError)
 _OVERRIDES: list[str] = []  # the `--config.KEY=VALUE` items, taken out of argv before absl parses it
 
 
@@ -58,16 +60,19 @@ def main(argv: list[str]) -> None:
 
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from stackft_jax import workdirs
+
     try:
         grid = config_cli.load(FLAGS.config, _OVERRIDES)
         shard = parse_shard(FLAGS.shard)
         done = FLAGS.report_only or run_grid(grid, FLAGS.workdir, shard=shard)
-    except config_cli.ConfigError as error:
+        if done:  # --report_only over an unfinished grid names the missing run
+            print(f"report: {experiment_report.write_report(grid, FLAGS.workdir)}")
+    except EXPLAINED_ERRORS + (workdirs.ConfigMismatch, workdirs.WorkdirInUse) as error:
+        # Problems the message fully explains (every cell's config is checked before any trains).
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    if done:
-        print(f"report: {experiment_report.write_report(grid, FLAGS.workdir)}")
-    else:
+    if not done:
         print(f"shard {FLAGS.shard} finished; the report is written once every shard has")
 
 

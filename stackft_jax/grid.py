@@ -93,10 +93,16 @@ def run_grid(
     index, count = shard
     runs = runs_of(grid)
     baseline_of(grid)
-    configs = {run: run_config(grid, run) for run in runs}  # every cell's config checked up front
+    configs = {run: run_config(grid, run) for run in runs}  # every cell's keys checked up front
     for config in configs.values():
         share_feature_cache(config, workdir)
     from stackft_jax import compilation_cache, train  # jax starts only once the grid is known to be valid
+
+    for run, config in configs.items():  # values and files too: cell 11's typo fails before cell 1 trains
+        try:
+            train.check_config(config)
+        except (ValueError, FileNotFoundError) as error:
+            raise config_cli.ConfigError(f"grid run {run.name}: {error}") from None
 
     if runs:  # the cells share their shapes: a cell's later seeds (and a resumed grid) compile nothing
         compilation_cache.enable(configs[runs[0]].compilation_cache_dir)

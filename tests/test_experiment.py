@@ -63,6 +63,34 @@ def test_a_bad_key_in_an_axis_fails_before_training(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_bad_value_in_a_later_cell_fails_before_any_cell_trains(tmp_path):
+    # Keys are checked when the configs are built; values and files by train.check_config, for every
+    # cell before the first trains. The command line prints one line and exits 2.
+    missing = tmp_path / "no_such_dev.tsv"
+    grid_file = tmp_path / "bad_grid.py"
+    grid_file.write_text(
+        "import ml_collections\n\n\ndef get_config(arg=None):\n"
+        "    return ml_collections.ConfigDict({'base': 'configs/tiny.py', 'num_seeds': 2,\n"
+        "        'axes': 'strategy=finetune_only|stack_only; '\n"
+        f"                'data.dev_file=tests/fixtures/qqp/dev.tsv|{missing}',\n"
+        "        'baseline': 'strategy=finetune_only', 'metric': 'accuracy'})\n"
+    )
+    workdir = tmp_path / "grid"
+    proc = subprocess.run(
+        [sys.executable, "-m", "stackft_jax.experiment", f"--config={grid_file}", f"--workdir={workdir}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1
+    assert "-dev_file=" in error_lines[0] and "config.data.dev_file: no such file" in error_lines[0]
+    assert not (workdir / "runs").exists()
+
+
 def test_a_grid_shares_one_feature_cache_between_its_cells(tmp_path):
     g = _grid(
         base="configs/tiny.py:strategy=stack_only,phase1.backbone_dropout=false,phase1.feature_cache=true,"
