@@ -2,10 +2,9 @@
 
   python -m stackft_jax.main --config=configs/glue.py:task=mrpc --workdir=runs/mrpc
   python -m stackft_jax.main --config=configs/glue.py:task=stsb,head=esim --workdir=runs/stsb
-Offline, on the local GLUE TSVs:
-  python -m stackft_jax.main --config=configs/glue.py:task=sst2 --workdir=runs/sst2 \
-    --config.data.train_file=../shared/data/glue/SST-2/train.tsv \
-    --config.data.dev_file=../shared/data/glue/SST-2/dev.tsv
+Offline, on the local GLUE TSVs (`local`: ../shared/data/glue/<SST-2|MRPC|STS-B>/{train,dev}.tsv, relative
+to the working directory; or name the files with data.train_file= and data.dev_file=):
+  python -m stackft_jax.main --config=configs/glue.py:task=sst2,local --workdir=runs/sst2
 `task=` and `head=` are shorthands for `data.task=` and `head.name=`.
 """
 
@@ -20,6 +19,14 @@ TASK_DEFAULTS = {
     "mrpc": {"max_seq_length": 128, "phase1.num_epochs": 3.0, "phase2.num_epochs": 3.0},
     "stsb": {"max_seq_length": 128, "phase1.num_epochs": 3.0, "phase2.num_epochs": 3.0},
 }
+LOCAL_FOLDERS = {"sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B"}  # under ../shared/data/glue/
+
+
+def local(c: ml_collections.ConfigDict) -> None:
+    """The GLUE TSVs of the chosen task under ../shared/data/glue/ (test sets there are unlabelled)."""
+    folder = f"../shared/data/glue/{LOCAL_FOLDERS[c.data.task]}"
+    c.data.train_file = f"{folder}/train.tsv"
+    c.data.dev_file = f"{folder}/dev.tsv"
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -36,5 +43,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         common.apply_arg(c, f"{key}={value}", {})
     c.eval_every_steps = 200
     c.checkpoint_every_steps = 200
-    common.apply_arg(c, ",".join(items), {})
+    common.apply_arg(c, ",".join(items), {"local": local})
     return c

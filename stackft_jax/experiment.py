@@ -7,7 +7,10 @@ A grid config (configs/experiments/*.py) holds:
 
   base      the experiment config and its presets and keys, as `--config=` takes it
             ("configs/quora.py:mini,data.train_file=...")
-  axes      "key=v1|v2|...; key2=..." over any config keys (strategy, head.name, phase1.num_steps, ...)
+  axes      "key=v1|v2|...; key2=..." over any config keys (strategy, head.name, phase1.num_steps, ...);
+            a value that sets several keys is `label:key=value,key=value` under a name of your choosing
+            ("method=frozen:strategy=stack_only,model.scalar_mix=True|tuned:strategy=finetune_only"),
+            and the label names it in run folders, the baseline and the report
   num_seeds seeds 0 .. num_seeds-1 per cell
   baseline  "key=value": each other value of that axis is compared with it, for the same other axis
             values and seed (paired)

@@ -15,14 +15,17 @@ from stackft_jax import config_cli
 
 log = logging.getLogger(__name__)
 _AXIS = re.compile(r"^\s*(?P<key>[\w.]+)\s*=\s*(?P<values>[^;]+?)\s*$")
+# A value that sets several keys: `label:key=value,key=value` (the label names it in cells and reports).
+_BUNDLE = re.compile(r"^(?P<label>[\w.+-]+):(?P<items>[\w.]+=.*)$")
 
 
 @dataclasses.dataclass(frozen=True)
 class Run:
     """One cell (axis values) at one seed."""
 
-    cell: tuple[tuple[str, str], ...]  # (key, value) per axis, in axis order
+    cell: tuple[tuple[str, str], ...]  # (key, value) per axis, in axis order; a bundle's label as value
     seed: int
+    settings: tuple[str, ...] = ()  # the cell's `key=value` overrides; (): one per (key, value)
 
     @property
     def cell_name(self) -> str:
@@ -33,19 +36,39 @@ class Run:
         return f"{self.cell_name}-seed{self.seed}"
 
     def overrides(self) -> list[str]:
-        return [f"{key}={value}" for key, value in self.cell] + [f"seed={self.seed}"]
+        settings = self.settings or tuple(f"{key}={value}" for key, value in self.cell)
+        return [*settings, f"seed={self.seed}"]
+
+
+def _value_settings(key: str, value: str, where: str) -> tuple[str, list[str]]:
+    """(label, overrides) of one axis value: `v` sets `key=v`; `label:k1=v1,k2=v2` sets both keys."""
+    bundle = _BUNDLE.match(value)
+    if bundle is None:
+        if ":" in value and "=" in value:
+            raise config_cli.ConfigError(f"{where}: {value!r} is not `label:key=value,key=value,...`")
+        return value, [f"{key}={value}"]
+    items = [item.strip() for item in bundle["items"].split(",")]
+    if any("=" not in item or not item.split("=", 1)[0] for item in items):
+        raise config_cli.ConfigError(f"{where}: {value!r} is not `label:key=value,key=value,...`")
+    return bundle["label"], items
 
 
 def parse_axes(axes: str) -> list[tuple[str, list[str]]]:
-    """`"strategy=a|b; head.name=c|d"` -> [("strategy", ["a", "b"]), ("head.name", ["c", "d"])]."""
+    """`"strategy=a|b; head.name=c|d"` -> [("strategy", ["a", "b"]), ("head.name", ["c", "d"])]; a
+    bundled value (`method=frozen:strategy=stack_only,model.scalar_mix=True|...`) appears as its label."""
+    return [(key, [label for label, _ in values]) for key, values in _parse_axes(axes)]
+
+
+def _parse_axes(axes: str) -> list[tuple[str, list[tuple[str, list[str]]]]]:
     parsed = []
     for part in filter(str.strip, axes.split(";")):
         match = _AXIS.match(part)
         where = f"config key 'axes': {part.strip()!r}"
         if match is None:
             raise config_cli.ConfigError(f"{where} is not `key=value1|value2|...`")
-        values = [v.strip() for v in match["values"].split("|")]
-        if any(not v for v in values) or len(set(values)) != len(values):
+        values = [_value_settings(match["key"], v.strip(), where) for v in match["values"].split("|")]
+        labels = [label for label, _ in values]
+        if any(not label for label in labels) or len(set(labels)) != len(labels):
             raise config_cli.ConfigError(f"{where} has an empty or repeated value")
         parsed.append((match["key"], values))
     keys = [key for key, _ in parsed]
@@ -56,10 +79,14 @@ def parse_axes(axes: str) -> list[tuple[str, list[str]]]:
 
 def runs_of(grid: ml_collections.ConfigDict) -> list[Run]:
     """Every cell-seed of the grid, seed by seed (the order shards split)."""
-    axes = parse_axes(grid.axes)
+    axes = _parse_axes(grid.axes)
     keys = [key for key, _ in axes]
-    cells = [tuple(zip(keys, values, strict=True)) for values in itertools.product(*(v for _, v in axes))]
-    return [Run(cell, seed) for seed in range(grid.num_seeds) for cell in cells]
+    runs = []
+    for seed in range(grid.num_seeds):
+        for values in itertools.product(*(v for _, v in axes)):
+            cell = tuple((key, label) for key, (label, _) in zip(keys, values, strict=True))
+            runs.append(Run(cell, seed, tuple(item for _, items in values for item in items)))
+    return runs
 
 
 def baseline_of(grid: ml_collections.ConfigDict) -> tuple[str, str]:

@@ -111,6 +111,47 @@ def test_a_grid_shares_one_feature_cache_between_its_cells(tmp_path):
     assert explicit.phase1.feature_cache_dir == "/x"  # a run's own folder wins
 
 
+def test_a_bundled_axis_value_sets_several_keys_and_is_named_by_its_label(tmp_path):
+    g = _grid(
+        base="configs/tiny.py:phase1.num_steps=2,phase2.num_steps=2",
+        axes="method=frozen:strategy=stack_only,model.scalar_mix=True|tuned:strategy=finetune_only",
+        num_seeds=1,
+        baseline="method=tuned",
+    )
+    assert grid.parse_axes(g.axes) == [("method", ["frozen", "tuned"])]
+    assert [r.overrides() for r in grid.runs_of(g)] == [
+        ["strategy=stack_only", "model.scalar_mix=True", "seed=0"],
+        ["strategy=finetune_only", "seed=0"],
+    ]
+    assert grid.run_grid(g, tmp_path)
+    recorded = json.loads((tmp_path / "runs" / "method=frozen-seed0" / "config.json").read_text())["config"]
+    assert (recorded["strategy"], recorded["model"]["scalar_mix"]) == ("stack_only", True)
+    experiment_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    (row,) = json.loads((tmp_path / "report.json").read_text())["comparisons"]
+    assert (row["cell"], row["baseline"]) == ({"method": "frozen"}, {"method": "tuned"})
+    assert "| method=frozen | method=tuned |" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize("value", ["frozen:strategy=a,=b", "frozen:=1", "frozen:strategy=a,b"])
+def test_a_malformed_bundle_is_named(value):
+    with pytest.raises(config_cli.ConfigError, match="label:key=value"):
+        grid.runs_of(_grid(axes=f"method={value}|tuned:strategy=finetune_only", baseline="method=tuned"))
+
+
+@pytest.mark.parametrize("preset", ["", "mrpc", "stsb", "small,sst2", "small,mrpc", "mrpc,small"])
+def test_peters_glue_grids_build_every_cell(preset):
+    g = config_cli.load("configs/experiments/peters_glue.py" + (f":{preset}" if preset else ""), [])
+    task = next((t for t in ("mrpc", "stsb") if t in preset), "sst2")
+    assert g.metric == {"sst2": "accuracy", "mrpc": "f1", "stsb": "pearson"}[task]
+    frozen, tuned = (grid.run_config(g, run) for run in grid.runs_of(g)[:2])
+    assert frozen.data.task == tuned.data.task == task
+    assert (frozen.strategy, frozen.model.scalar_mix) == ("stack_only", True)
+    assert (tuned.strategy, tuned.model.scalar_mix, tuned.head.name) == ("finetune_only", False, "cls_mlp")
+    small = "small" in preset
+    assert (frozen.model.name_or_path == "embedded:minilm") == small
+    assert (frozen.data.train_file or "").startswith("../shared/data/glue/") == small
+
+
 def test_one_seed_gets_no_seed_level_tests(tmp_path):
     g = _grid(axes="strategy=finetune_only|stack_and_finetune", num_seeds=1)
     for run in grid.runs_of(g):
