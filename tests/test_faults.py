@@ -5,6 +5,7 @@ import json
 import random
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import jax
@@ -25,23 +26,43 @@ def _truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
+def _checkpoint_entries(workdir: Path) -> set[Path]:
+    root = workdir / "checkpoints"
+    return set(root.glob("*")) | set(root.glob("*/*")) if root.exists() else set()
+
+
+def _kill_after_next_checkpoint_starts(proc: subprocess.Popen, workdir: Path, delay: float) -> bool:
+    """SIGKILLs `proc` `delay` seconds after a checkpoint entry it did not start with appears (orbax's
+    temporary folder first, so short delays land inside the write); False if it exits before that."""
+    before = _checkpoint_entries(workdir)
+    deadline = time.monotonic() + 300
+    while proc.poll() is None:
+        assert time.monotonic() < deadline, "no new checkpoint in 300 s"
+        if _checkpoint_entries(workdir) - before:
+            time.sleep(delay)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return proc.returncode == -signal.SIGKILL
+        time.sleep(0.005)
+    return False
+
+
 def test_sigkill_at_random_moments(uninterrupted, tmp_path, run_cli):
-    """Checkpoints every step, so most kills land in a checkpoint write; the delays are drawn from a
-    fixed seed and printed, so a failure can be replayed."""
+    """Checkpoints every step and kills each run a random moment after it starts writing a new one, so
+    kills land inside checkpoint writes and between them whatever the machine's speed; the delays come
+    from a fixed seed and are printed, so a failure can be replayed."""
     rng = random.Random(20261122)
     args = ("--config.checkpoint_every_steps=1",)
     killed = 0
     for _ in range(6):
-        delay = rng.uniform(2.0, 16.0)
+        delay = rng.uniform(0.0, 0.5)
         proc = run_cli(tmp_path, *args, wait=False)
-        try:
-            proc.wait(timeout=delay)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            killed += 1
-        print(f"run killed after {delay:.2f} s" if proc.returncode == -signal.SIGKILL else "run finished")
+        was_killed = _kill_after_next_checkpoint_starts(proc, tmp_path, delay)
         proc.communicate()
+        print(f"run killed {delay:.3f} s after a checkpoint began" if was_killed else "run finished")
+        if not was_killed:
+            break
+        killed += 1
     assert killed >= 3, "the drill must actually kill runs"
     proc = run_cli(tmp_path, *args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
