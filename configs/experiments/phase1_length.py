@@ -1,0 +1,38 @@
+"""When to stop phase 1: stack-and-finetune with BiMPM on QQP, phase-1 length as the axis, phase 2 fixed.
+
+Wang et al. stop phase 1 "before the head overfits" without saying when. This grid measures it: the
+same phase 2 after phase 1s of different lengths, against fine-tuning from a freshly initialised head
+(`num_steps=none`: finetune_only, the same fine-tuning budget). The train/dev gap rule is off here, so
+the length is the only variable; the gap each length reached is in its runs' metrics.jsonl.
+
+Full scale (bert-base-uncased, GLUE QQP from the Hugging Face hub, phase 2 as in configs/quora.py):
+  python -m stackft_jax.experiment --config=configs/experiments/phase1_length.py --workdir=runs/phase1_length
+CPU-sized (embedded MiniLM, the shared QQP subset, 16 pairs a step, 60 fine-tuning steps, 3 seeds;
+docs/phase1_length.md reads its report):
+  python -m stackft_jax.experiment --config=configs/experiments/phase1_length.py:small \
+    --workdir=runs/phase1_length_small
+"""
+
+import ml_collections
+
+from configs.experiments import paper_qqp
+from stackft_jax import config_cli
+
+
+def small(c: ml_collections.ConfigDict) -> None:
+    paper_qqp.small(c)  # paper_qqp's CPU-sized runs; the axis below replaces their phase-1 length
+    c.base += ",head=bimpm,strategy=stack_and_finetune,phase1.max_train_dev_gap=1.0"
+    c.axes = "phase1.num_steps=none:strategy=finetune_only|30|60|120|240"
+    c.num_seeds = 3
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    # The experiment config every run starts from; max_train_dev_gap=1.0 turns the gap rule off.
+    c.base = "configs/quora.py:head=bimpm,strategy=stack_and_finetune,phase1.max_train_dev_gap=1.0"
+    c.axes = "phase1.num_steps=none:strategy=finetune_only|500|2000|8000|32000"  # none: no phase 1
+    c.num_seeds = 5  # seeds 0 .. num_seeds-1 per cell
+    c.baseline = "phase1.num_steps=none"  # the cell every other value of this axis is compared with
+    c.metric = "accuracy"  # the dev metric of the comparisons
+    config_cli.apply_items(c, arg, {"small": small})
+    return c
