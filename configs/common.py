@@ -4,10 +4,13 @@ Keys that form the interface (see README, "Configuration"):
   model.name_or_path         hub id (bert-base-uncased), local folder, or "embedded:minilm"
   data.task                  qqp | mrpc | stsb | sst2 | conll2003 | yahoo_answers
   data.train_file / dev_file / test_file   local files; unset -> the Hugging Face dataset
-  strategy                   finetune_only | stack_only | stack_and_finetune
+  strategy                   finetune_only | stack_only | stack_and_finetune | gradual_unfreezing | lp_ft,
+                             or the name of the schedule written in `phases`
+  phases                     a list of phase blocks (stackft_jax/phases.py); empty: the strategy's preset
   seed, max_seq_length, per_device_batch_size (global batch = per-device x device count)
   phase1.*                   the frozen-backbone phase (stack_only, and phase 1 of stack_and_finetune)
   phase2.*                   the all-parameters phase (finetune_only, and phase 2 of stack_and_finetune)
+  unfreezing.*               gradual_unfreezing's phases between the head and everything
 Presets: `--config=configs/quora.py:demo,head=cls_mlp,strategy=finetune_only` (comma-separated; a bare
 word names a preset of that file, `key=value` sets a key).
 """
@@ -22,7 +25,10 @@ from stackft_jax.models.heads import default_head_configs
 def get_config() -> ml_collections.ConfigDict:
     # Every key has a comment (`--show_config` prints them): at the end of its line, or just above it.
     c = ml_collections.ConfigDict()
-    c.strategy = "stack_and_finetune"  # finetune_only | stack_only | stack_and_finetune
+    # A preset: finetune_only | stack_only | stack_and_finetune | gradual_unfreezing | lp_ft (stackft_jax/
+    # phases.py); with `phases` written, the name of that schedule.
+    c.strategy = "stack_and_finetune"
+    c.phases = []  # the schedule as a list of phases.block(...) (a config file writes it); []: the preset
     c.seed = 0  # parameter init, data order and dropout
     c.max_seq_length = 128  # tokens per example; batches are padded to length buckets up to it
     c.per_device_batch_size = 32  # training batch per device; global batch = this x device count
@@ -93,6 +99,21 @@ def get_config() -> ml_collections.ConfigDict:
     c.phase2.schedule = "warmup_linear"  # constant | warmup_linear | slanted_triangular
     c.phase2.weight_decay = 0.01  # AdamW decay on kernels and embeddings (never biases, LayerNorm)
     c.phase2.patience_evals = 0  # stop after this many evals without dev improvement; 0: off
+
+    c.unfreezing = ml_collections.ConfigDict()  # gradual_unfreezing: the phases after the head's
+    c.unfreezing.layers_per_phase = 1  # layer groups unfrozen per phase, top down (pooler with the top)
+    c.unfreezing.num_steps = 0  # budget of each phase before the last (which is phase2.*); 0: num_epochs
+    c.unfreezing.num_epochs = 1.0  # ULMFiT unfreezes one layer per epoch
+    # Layer i of L trains at decay**(L - i) of phase2.backbone_learning_rate (Sun et al. 2019: 0.95).
+    c.unfreezing.layerwise_lr_decay = 0.95
+
+    # At the end of each frozen-backbone phase: the head's parameter norm, dev ECE and the train/dev gap
+    # (results.json `phases[i].boundary`), the gap over this many train examples.
+    c.boundary_train_examples = 2000
+    c.calibration = ml_collections.ConfigDict()
+    # Fit one softmax temperature on dev to the final model (Guo et al. 2017); ECE before and after in
+    # results.json `calibration` (classification tasks).
+    c.calibration.temperature = False
 
     c.final_params = "last"  # what results.json's `final` scores: "last" parameters, or "best" on dev
     c.max_grad_norm = 1.0  # clip the trainable leaves' global gradient norm to this; 0: off

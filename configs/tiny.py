@@ -2,6 +2,7 @@
 
 python -m stackft_jax.main --config=configs/tiny.py --workdir=/tmp/tiny
 python -m stackft_jax.main --config=configs/tiny.py:conll --workdir=/tmp/tiny_conll   # word tagging
+python -m stackft_jax.main --config=configs/tiny.py:three_phases --workdir=/tmp/tiny3   # a written schedule
 """
 
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import ml_collections
 
 from configs import common
+from stackft_jax import phases
 from stackft_jax.data.samples import sample_path
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
@@ -23,6 +25,36 @@ def conll(c: ml_collections.ConfigDict) -> None:
     for name in ("bilstm", "bilstm_crf"):
         c.head[name].lstm_units = 8
     c.head.token_mlp.hidden_dim = 16
+
+
+def three_phases(c: ml_collections.ConfigDict) -> None:
+    """A schedule written in the config, no library code: the head alone, then the head with the top
+    layer and the pooler, then everything at a lower rate."""
+    c.strategy = "head_top_all"  # the schedule's name in results and reports
+    c.phases = [
+        phases.block(
+            "head",
+            rules=[("backbone/.*", "frozen"), ("head/.*", "head")],
+            learning_rates={"head": 1e-3},
+            num_steps=4,
+            max_train_dev_gap=1.0,
+            gap_eval_examples=16,
+        ),
+        phases.block(
+            "top",
+            rules=[(r"backbone/(layers/1|pooler)/.*", "top"), ("backbone/.*", "frozen"), ("head/.*", "head")],
+            learning_rates={"top": 1e-3, "head": 1e-3},
+            num_steps=4,
+        ),
+        phases.block(
+            "all",
+            rules=[(".*", "all")],
+            learning_rates={"all": 5e-4},
+            num_steps=4,
+            schedule="warmup_linear",
+            warmup_steps=1,
+        ),
+    ]
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -49,5 +81,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval_every_steps = 3
     c.checkpoint_every_steps = 2
     c.async_checkpointing = False
-    common.apply_arg(c, arg, {"conll": conll})
+    common.apply_arg(c, arg, {"conll": conll, "three_phases": three_phases})
     return c

@@ -34,11 +34,28 @@ class ConfigError(ValueError):
 
 
 def flat_keys(config: ml_collections.ConfigDict, prefix: str = "") -> Iterator[str]:
+    """Every leaf key, dotted; a list of blocks (`config.phases`) by index: `phases.0.num_steps`."""
     for key, value in config.items():
         if isinstance(value, ml_collections.ConfigDict):
             yield from flat_keys(value, f"{prefix}{key}.")
+        elif _is_block_list(value):
+            for i, item in enumerate(value):
+                yield from flat_keys(item, f"{prefix}{key}.{i}.")
         else:
             yield f"{prefix}{key}"
+
+
+def _is_block_list(value: Any) -> bool:
+    return isinstance(value, list | tuple) and any(isinstance(v, ml_collections.ConfigDict) for v in value)
+
+
+def to_plain(value: Any) -> Any:
+    """The config as JSON-ready dicts and lists (ConfigDict.to_dict leaves blocks inside lists alone)."""
+    if isinstance(value, ml_collections.ConfigDict):
+        return {key: to_plain(v) for key, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_plain(v) for v in value]
+    return value
 
 
 def _unknown_key(config: ml_collections.ConfigDict, key: str) -> ConfigError:
@@ -51,10 +68,18 @@ def _parent_and_leaf(config: ml_collections.ConfigDict, key: str) -> tuple[ml_co
     *path, leaf = key.split(".")
     parent = config
     for part in path:
-        child = parent.get(part) if isinstance(parent, ml_collections.ConfigDict) else None
+        if isinstance(parent, ml_collections.ConfigDict):
+            child = parent.get(part)
+        else:  # a list of blocks, indexed by position (`phases.1.num_steps`)
+            child = parent[int(part)] if part.isdigit() and int(part) < len(parent) else None
+        if _is_block_list(child):
+            parent = child
+            continue
         if not isinstance(child, ml_collections.ConfigDict):
             raise _unknown_key(config, key)
         parent = child
+    if not isinstance(parent, ml_collections.ConfigDict):
+        raise _unknown_key(config, key)
     if leaf not in parent or isinstance(parent[leaf], ml_collections.ConfigDict):
         raise _unknown_key(config, key)
     return parent, leaf

@@ -18,11 +18,14 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 from flax import nnx
 from tqdm import tqdm
 
 from stackft_jax import (
+    calibration,
     checkpointing,
+    config_cli,
     evaluation,
     feature_cache,
     optim,
@@ -34,9 +37,9 @@ from stackft_jax import (
     workdirs,
 )
 from stackft_jax.data import batching, task_spec, tasks, tokenization
-from stackft_jax.models import bert
+from stackft_jax.models import bert, heads
 from stackft_jax.models.task_model import TaskModel
-from stackft_jax.objectives import Objective
+from stackft_jax.objectives import CLASSIFICATION, Objective
 from stackft_jax.report import RunReport
 
 log = logging.getLogger(__name__)
@@ -63,6 +66,7 @@ class Context:
     # Per phase run in this process: its dev evaluation when it was taken on the parameters the phase
     # ends with (at its last step), so the final scoring need not evaluate the same parameters again.
     dev_at_phase_end: dict[str, evaluation.Evaluation] = dataclasses.field(default_factory=dict)
+    param_names: tuple[str, ...] = ()  # '/'-joined parameter paths, which phases' rules label
 
     @property
     def primary_metric(self) -> str:
@@ -71,8 +75,13 @@ class Context:
 
 def check_config(config: ml_collections.ConfigDict) -> None:
     """Fails early, naming the config key, before any expensive work."""
-    if config.strategy not in phases.STRATEGIES:
-        raise ValueError(f"config.strategy={config.strategy!r}: choose one of {phases.STRATEGIES}")
+    phases.check_config(config)
+    if config.strategy == "lp_ft" and not config.phases and not heads.is_linear(config.head):
+        raise config_cli.ConfigError(
+            f"config.strategy=lp_ft trains a linear probe first, and config.head.name={config.head.name!r} "
+            "is not linear: set head.name=linear (head.linear.pooling=cls|mean), or for word tagging "
+            "token_mlp with head.token_mlp.hidden_dim=0"
+        )
     for split in SPLITS:
         path = config.data[f"{split}_file"]
         if path and not Path(path).exists():
@@ -103,7 +112,12 @@ def check_config(config: ml_collections.ConfigDict) -> None:
             f"config.phase1.feature_cache_dtype={config.phase1.feature_cache_dtype!r}: choose one of "
             f"{sorted(feature_cache.DTYPES)}"
         )
-    tasks.get_task(config.data.task).configure(config.data)  # the task's own data.* keys
+    task = tasks.get_task(config.data.task).configure(config.data)  # the task's own data.* keys
+    if config.calibration.temperature and task.objective is not CLASSIFICATION:
+        raise config_cli.ConfigError(
+            f"config.calibration.temperature=True scales class probabilities; data.task={config.data.task!r} "
+            f"has none ({task.objective.name})"
+        )
 
 
 def load_datasets(config, task: task_spec.TaskSpec, tokenizer) -> dict[str, task_spec.Split]:
@@ -421,12 +435,13 @@ def run_phase(
             train_accuracy = None
             if phase.gap_eval_examples:
                 with ctx.timer.phase("gap_evaluation"):
-                    train_eval = ctx.evaluator.evaluate(
+                    train_evaluation = ctx.evaluator.evaluate(
                         state.params,
                         ctx.datasets["train"],
                         limit=phase.gap_eval_examples,
                         features=features.get("train"),
-                    ).scores
+                    )
+                train_eval = train_evaluation.scores
                 ctx.report.eval(
                     phase=phase.name,
                     step=step,
@@ -477,11 +492,30 @@ def run_phase(
         # The loop ended on an evaluation of the backbone's own outputs (cached features may round
         # differently): it scored exactly the parameters and computation this phase's final scoring would.
         ctx.dev_at_phase_end[phase.name] = dev_evaluation
+    boundary = None
+    if not phases.trains_backbone(phase, ctx.param_names):
+        with ctx.timer.phase("evaluation"):
+            boundary = boundary_measurements(
+                ctx,
+                state.params,
+                features=features,
+                dev=dev_evaluation if eval_now else None,
+                train=train_evaluation if eval_now and phase.gap_eval_examples else None,
+                train_examples=phase.gap_eval_examples or config.boundary_train_examples,
+            )
+        ctx.report.eval(
+            phase=phase.name,
+            step=step,
+            global_step=global_offset + step,
+            split="boundary",
+            metrics={k: v for k, v in boundary.items() if isinstance(v, float)},
+        )
     stop_reason = stop_reason or f"step budget of {phase.num_steps} steps"
     log.info("%s stopped after %d steps: %s", phase.name, step, stop_reason)
     record = {
         "phase": phase.name,
         "steps": step,
+        "end_global_step": global_offset + step,  # where the phase's boundary checkpoint sits
         "stop_reason": stop_reason,
         "wall_time_s": wall_time + time.time() - started,
         "best": best,
@@ -489,7 +523,47 @@ def run_phase(
         "optimizer_state_bytes": optim.optimizer_state_bytes(state.opt_state),
         "feature_cache_bytes": sum(cache.nbytes for cache in features.values()),
     }
+    if boundary is not None:
+        record["boundary"] = boundary
     return state.params, record
+
+
+def _probabilities_and_labels(split: task_spec.Split, done: evaluation.Evaluation):
+    probabilities = done.rows["probabilities"]
+    return probabilities, split.arrays["labels"][: len(probabilities)]
+
+
+def boundary_measurements(
+    ctx: Context,
+    params,
+    *,
+    features: dict[str, feature_cache.FeatureCache],
+    dev: evaluation.Evaluation | None,
+    train: evaluation.Evaluation | None,
+    train_examples: int,
+) -> dict[str, Any]:
+    """What a frozen-backbone phase hands on: the head's parameter norm (Tomihari & Sato 2024 tie LP-FT's
+    behaviour to it), dev expected calibration error (classification; else None) and the train/dev gap
+    per metric (train subset minus dev). `dev`/`train`: evaluations of `params` already taken."""
+    if dev is None:
+        dev = ctx.evaluator.evaluate(params, ctx.datasets["dev"], features=features.get("dev"))
+    if train is None:
+        train = ctx.evaluator.evaluate(
+            params, ctx.datasets["train"], limit=train_examples, features=features.get("train")
+        )
+    measured = {
+        "head_param_norm": float(optax.tree.norm(params["head"])),
+        "dev_ece": (
+            calibration.expected_calibration_error(*_probabilities_and_labels(ctx.datasets["dev"], dev))
+            if "probabilities" in dev.rows
+            else None
+        ),
+    }
+    for metric in ctx.task.metrics:
+        if dev.scores.get(metric) is not None and train.scores.get(metric) is not None:
+            measured[f"train_dev_gap_{metric}"] = float(train.scores[metric] - dev.scores[metric])
+    train_rows = len(train.rows["predictions"])
+    return {**measured, "dev": dev.scores, "train_subset": train.scores, "train_examples": train_rows}
 
 
 def _best_or_last(workdir: Path, last_params, best: dict, mesh: jax.sharding.Mesh) -> tuple[Any, str]:
@@ -529,7 +603,7 @@ def run(
     mesh = sharding.make_mesh()
     with workdirs.exclusive(workdir):
         record = {
-            "config": config.to_dict(),
+            "config": config_cli.to_plain(config),
             "global_batch_size": sharding.global_batch_size(config.per_device_batch_size, mesh),
         }
         workdirs.bind_config(workdir, record, allow_change=allow_config_change)
@@ -580,6 +654,8 @@ def _run(
     )
     steps_per_epoch = batching.steps_per_epoch(datasets["train"].num_rows, global_batch)
     plan = phases.phases_for(config, steps_per_epoch, bert_config.num_hidden_layers)
+    ctx.param_names = tuple(optim.path_str(path) for path, _ in jax.tree_util.tree_leaves_with_path(params))
+    phases.check_rules(plan, ctx.param_names)  # every phase's, before the first one trains
     log.info(
         "%s on %d devices, global batch %d, %d train rows (%d steps/epoch), phases %s",
         config.strategy,
@@ -623,8 +699,12 @@ def _run(
     for name, done in evaluations.items():
         ctx.report.predictions(name, task.prediction_records(datasets[name], done.rows))
     final = {name: done.scores for name, done in evaluations.items() if datasets[name].labelled}
+    calibrated = {}
+    if config.calibration.temperature:  # fitted on dev; test (when labelled) shows how well it carries
+        labelled = {name: _probabilities_and_labels(datasets[name], evaluations[name]) for name in final}
+        calibrated = {"calibration": calibration.temperature_report(labelled.pop("dev"), **labelled)}
     results = {
-        "config": config.to_dict(),
+        "config": config_cli.to_plain(config),
         "task": task.describe(),
         "strategy": config.strategy,
         "seed": config.seed,
@@ -644,6 +724,7 @@ def _run(
         "final_params": scored,  # which parameters `final` scored: "last", or "best (global step N)"
         # Training and evaluation time summed over every process lifetime of this run (resumes too).
         "wall_time_s": sum(r["wall_time_s"] for r in records) + time.time() - final_started,
+        **calibrated,
     }
     ctx.report.sort_records()
     ctx.report.results(results)

@@ -50,12 +50,14 @@ class ConfigMismatch(ValueError):
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}."""
+    """{"a": {"b": 1}, "c": [{"d": 2}]} -> {"a.b": 1, "c.0.d": 2} (lists of blocks by index)."""
     flat = {}
     for key, value in tree.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
             flat.update(flatten(value, f"{name}."))
+        elif isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
+            flat.update(flatten({str(i): v for i, v in enumerate(value)}, f"{name}."))
         else:
             flat[name] = value
     return flat
@@ -69,7 +71,9 @@ def config_differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) 
     return {
         key: (old.get(key, absent), new.get(key, absent))
         for key in sorted(old.keys() | new.keys())
-        if key not in RESULT_NEUTRAL_KEYS and old.get(key, absent) != new.get(key, absent)
+        if key not in RESULT_NEUTRAL_KEYS
+        and not (key.startswith("config.phases.") and key.endswith(".feature_cache_dir"))
+        and old.get(key, absent) != new.get(key, absent)
     }
 
 

@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 
 from stackft_jax.models.features import Features
-from stackft_jax.models.heads import HEADS, default_head_configs, tagger
+from stackft_jax.models.heads import HEADS, default_head_configs, is_linear, tagger
 from stackft_jax.models.heads.pair_ops import split_pair
 from stackft_jax.models.layers import MaskedBiLstm
 from stackft_jax.models.word_scores import CrfWordScores, WordLogits
@@ -39,6 +39,7 @@ SMALL = {
     "lstm_units": 8,
     "stem_channels": 8,
     "growth_rate": 4,
+    "pooling": "mean",  # the linear head: padding must not reach the mean (test_padding_changes_nothing)
 }
 
 
@@ -402,3 +403,42 @@ def test_masked_bilstm_ignores_padding_and_returns_whole_sentence_states():
     np.testing.assert_array_equal(final[0], jnp.concatenate([outputs[0, 3, :4], outputs[0, 0, 4:]]))
     np.testing.assert_array_equal(final[1], jnp.concatenate([outputs[1, 1, :4], outputs[1, 0, 4:]]))
     np.testing.assert_array_equal(final[2], np.zeros(8))
+
+
+def test_linear_head_pools_cls_or_the_mean_of_real_tokens():
+    features = features_for("linear")
+    config = HEADS["linear"][0]()
+    outputs = {}
+    for pooling in ("cls", "mean"):
+        config.pooling = pooling
+        head = HEADS["linear"][1](
+            config, hidden_size=HIDDEN, num_outputs=2, dropout_rate=0.0, dtype=jnp.float32, rngs=nnx.Rngs(0)
+        )
+        outputs[pooling] = head(features, deterministic=True)
+        mask = features.attention_mask[..., None]
+        pooled = (
+            features.sequence[:, 0] if pooling == "cls" else (features.sequence * mask).sum(1) / mask.sum(1)
+        )
+        expected = pooled @ head.output.kernel.value + head.output.bias.value
+        np.testing.assert_allclose(outputs[pooling], expected, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(outputs["cls"], outputs["mean"])
+    config.pooling = "max"
+    with pytest.raises(ValueError, match="pooling='max'"):
+        HEADS["linear"][1](
+            config, hidden_size=HIDDEN, num_outputs=2, dropout_rate=0.0, dtype=jnp.float32, rngs=nnx.Rngs(0)
+        )
+
+
+def test_which_heads_are_linear():
+    config = default_head_configs()
+    for name, linear in [
+        ("linear", True),
+        ("cls_mlp", False),
+        ("crf", False),
+        ("bilstm", False),
+        ("token_mlp", False),
+    ]:
+        config.name = name
+        assert is_linear(config) is linear, name
+    config.name, config.token_mlp.hidden_dim = "token_mlp", 0
+    assert is_linear(config)  # words -> dense(tags): a linear probe for word tagging

@@ -23,6 +23,15 @@ def test_config_differences_list_changed_added_and_removed_keys():
         "config.seed": (0, 1),
         "new": ("<absent>", True),
     }
+    # A written schedule is compared phase by phase; where a phase keeps its feature cache is not a result.
+    phase = {"name": "head", "num_steps": 4, "feature_cache_dir": ""}
+    recorded = {"config": {"phases": [phase, {**phase, "name": "all"}]}}
+    current = {
+        "config": {
+            "phases": [{**phase, "feature_cache_dir": "/shared"}, {**phase, "name": "all", "num_steps": 5}]
+        }
+    }
+    assert workdirs.config_differences(recorded, current) == {"config.phases.1.num_steps": (4, 5)}
 
 
 def test_bind_config_records_refuses_and_allows_on_purpose(tmp_path):

@@ -13,11 +13,21 @@ the task's objective (objectives.py) takes: `[batch, num_outputs]` logits for se
 import ml_collections
 from flax import nnx
 
-from stackft_jax.models.heads import bimpm, cls_mlp, densenet, esim, highway_lstm, sim_transformer, tagger
+from stackft_jax.models.heads import (
+    bimpm,
+    cls_mlp,
+    densenet,
+    esim,
+    highway_lstm,
+    linear,
+    sim_transformer,
+    tagger,
+)
 
 # name -> (function returning the head's default config block, head class)
 HEADS = {
     "cls_mlp": (cls_mlp.default_config, cls_mlp.ClsMlpHead),
+    "linear": (linear.default_config, linear.LinearHead),  # LP-FT's linear probe
     "bimpm": (bimpm.default_config, bimpm.BiMpmHead),
     "bimpm_no_context": (bimpm.no_context_default_config, bimpm.BiMpmHead),
     "sim_transformer": (sim_transformer.default_config, sim_transformer.SimTransformerHead),
@@ -44,3 +54,15 @@ def build_head(head_config: ml_collections.ConfigDict, **kwargs) -> nnx.Module:
         raise ValueError(f"config.head.name={name!r} is not a registered head; choose from {sorted(HEADS)}")
     _, cls = HEADS[name]
     return cls(head_config[name], **kwargs)
+
+
+def is_linear(head_config: ml_collections.ConfigDict) -> bool:
+    """Whether the configured head maps BERT states to outputs with one dense layer: `linear`, or a
+    word tagger with no hidden layer, BiLSTM or CRF (LP-FT's probe for word tagging)."""
+    name = head_config.name
+    if name == "linear":
+        return True
+    if HEADS.get(name, (None, None))[1] is tagger.WordTaggerHead:
+        block = head_config[name]
+        return block.hidden_dim == 0 and block.lstm_layers == 0 and not block.crf
+    return False
