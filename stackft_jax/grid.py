@@ -107,10 +107,12 @@ def run_config(grid: ml_collections.ConfigDict, run: Run) -> ml_collections.Conf
 
 
 def share_feature_cache(config: ml_collections.ConfigDict, workdir: str | Path) -> None:
-    """Points a feature-cached run without its own `phase1.feature_cache_dir` at the grid's: cells
-    and seeds with the same backbone and data then build the frozen features once between them."""
-    if config.phase1.feature_cache and not config.phase1.feature_cache_dir:
-        config.phase1.feature_cache_dir = str(Path(workdir) / "feature_cache")
+    """Points each feature-cached phase without its own `feature_cache_dir` (`phase1.*`, or a written
+    phase's) at the grid's: cells and seeds with the same backbone and data then build the frozen
+    features once between them."""
+    for block in [config.phase1, *config.phases]:
+        if block.feature_cache and not block.feature_cache_dir:
+            block.feature_cache_dir = str(Path(workdir) / "feature_cache")
 
 
 def run_grid(

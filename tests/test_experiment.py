@@ -109,6 +109,10 @@ def test_a_grid_shares_one_feature_cache_between_its_cells(tmp_path):
     explicit = config_cli.load("configs/tiny.py:phase1.feature_cache=true,phase1.feature_cache_dir=/x", [])
     grid.share_feature_cache(explicit, tmp_path)
     assert explicit.phase1.feature_cache_dir == "/x"  # a run's own folder wins
+    written = config_cli.load("configs/tiny.py:three_phases", [])
+    written.phases[0].feature_cache, written.phases[2].feature_cache_dir = True, "/y"
+    grid.share_feature_cache(written, tmp_path)
+    assert [b.feature_cache_dir for b in written.phases] == [str(tmp_path / "feature_cache"), "", "/y"]
 
 
 def test_a_bundled_axis_value_sets_several_keys_and_is_named_by_its_label(tmp_path):
