@@ -9,6 +9,8 @@
                   difference, averaged over seeds, from the saved per-example predictions
   majority class  accuracy of always predicting the most frequent dev label (tag, for tagging), from
                   the parsed labels of the prediction files
+  boundaries      per cell and frozen-backbone phase, what its end recorded: head parameter norm, dev
+                  ECE, train/dev gap (mean and std over seeds)
   figures         figures/metric_by_cell.png (means with intervals), figures/dev_curves.png (dev metric
                   against global step, phase boundaries dashed)
 
@@ -88,6 +90,31 @@ def cell_statistics(runs: list[RunResult], metric: str) -> list[dict[str, Any]]:
                 entry[split] = _interval(values)
         cells.append(entry)
     return cells
+
+
+BOUNDARY_MEASURES = ("head_param_norm", "dev_ece")
+
+
+def boundary_statistics(runs: list[RunResult], metric: str) -> list[dict[str, Any]]:
+    """Per cell and frozen-backbone phase, mean and std over seeds of what its boundary recorded
+    (train.boundary_measurements): head parameter norm, dev ECE, train/dev gap in `metric`."""
+    by_phase: dict[tuple, list[dict]] = collections.defaultdict(list)
+    names = {}
+    for r in runs:
+        for phase in r.results["phases"]:
+            if "boundary" in phase:
+                by_phase[(r.run.cell, phase["phase"])].append({**phase["boundary"], "steps": phase["steps"]})
+                names[r.run.cell] = r.run.cell_name
+    rows = []
+    for (cell, phase), boundaries in by_phase.items():
+        row: dict[str, Any] = {"cell": dict(cell), "name": names[cell], "phase": phase}
+        for measure in (*BOUNDARY_MEASURES, f"train_dev_gap_{metric}", "steps"):
+            values = [b[measure] for b in boundaries if b.get(measure) is not None]
+            if values:
+                row[measure] = {"n": len(values), "mean": statistics.mean(values),
+                                "std": statistics.stdev(values) if len(values) > 1 else 0.0}  # fmt: skip
+        rows.append(row)
+    return rows
 
 
 def _example_scores(records: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray] | None:
@@ -301,6 +328,22 @@ def _markdown(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
             f"{_fmt(row.get('t_test_p_holm'), 3)} | {_fmt(row.get('wilcoxon_p_holm'), 3)} | "
             f"{_fmt(row['aso_epsilon'], 3)} | {boot_text} |"
         )
+    if report["boundaries"]:
+        gap = f"train_dev_gap_{metric}"
+        lines += [
+            "",
+            "At the end of each frozen-backbone phase (mean ± std over seeds): the head's parameter norm, "
+            f"dev expected calibration error, and train-subset minus dev {metric}.",
+            "",
+            f"| cell | phase | steps | head norm | dev ECE | train - dev {metric} |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for row in report["boundaries"]:
+            shown = [
+                f"{_fmt(row[m]['mean'], 3)} ± {_fmt(row[m]['std'], 3)}" if m in row else "-"
+                for m in ("steps", "head_param_norm", "dev_ece", gap)
+            ]
+            lines.append(f"| {row['name']} | {row['phase']} | " + " | ".join(shown) + " |")
     lines += ["", "Figures: `figures/metric_by_cell.png`, `figures/dev_curves.png` (seed 0)."]
     return "\n".join(lines) + "\n"
 
@@ -318,6 +361,7 @@ def build_report(
         "final_params": sorted({r.results.get("final_params", "last").split(" ")[0] for r in runs}),
         "cells": cell_statistics(runs, grid.metric),
         "comparisons": comparisons(runs, grid, aso_iterations=aso_iterations),
+        "boundaries": boundary_statistics(runs, grid.metric),
         "majority_baseline": majority_baseline(runs[0].dev_predictions),
     }
 

@@ -156,6 +156,46 @@ def test_peters_glue_grids_build_every_cell(preset):
     assert (frozen.data.train_file or "").startswith("../shared/data/glue/") == small
 
 
+@pytest.mark.parametrize("preset", ["", "small"])
+def test_phase1_length_grid_varies_phase1_alone(preset):
+    g = config_cli.load("configs/experiments/phase1_length.py" + (f":{preset}" if preset else ""), [])
+    configs = [grid.run_config(g, run) for run in grid.runs_of(g) if run.seed == 0]
+    baseline, *lengths = configs
+    assert (baseline.strategy, baseline.head.name) == ("finetune_only", "bimpm")
+    assert {(c.strategy, c.head.name, c.phase1.max_train_dev_gap) for c in lengths} == {
+        ("stack_and_finetune", "bimpm", 1.0)
+    }
+    steps = [c.phase1.num_steps for c in lengths]
+    assert steps == sorted(steps) and len(set(steps)) == len(steps) == 4
+    assert len({c.phase2.num_steps for c in configs}) == 1  # the same fine-tuning budget everywhere
+    assert (baseline.model.name_or_path == "embedded:minilm") == (preset == "small")
+
+
+def test_report_summarises_phase_boundaries(tmp_path):
+    g = _grid(axes="strategy=finetune_only|stack_and_finetune", num_seeds=2)
+    for run in grid.runs_of(g):
+        boundary = None
+        if run.cell[0][1] == "stack_and_finetune":
+            norm = 3.0 + run.seed
+            boundary = {
+                "head_param_norm": norm,
+                "dev_ece": 0.1,
+                "train_dev_gap_accuracy": 0.02 * (run.seed + 1),
+            }
+        _fake_run(tmp_path, run, 0.7, [True, False], boundary)
+    experiment_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    (row,) = json.loads((tmp_path / "report.json").read_text())["boundaries"]
+    assert (row["name"], row["phase"], row["steps"]["mean"]) == ("strategy=stack_and_finetune", "phase1", 2)
+    assert row["head_param_norm"]["mean"] == pytest.approx(3.5) and row["head_param_norm"]["n"] == 2
+    assert row["head_param_norm"]["std"] == pytest.approx(np.std([3.0, 4.0], ddof=1))
+    assert row["train_dev_gap_accuracy"]["mean"] == pytest.approx(0.03)
+    text = (tmp_path / "report.md").read_text()
+    assert (
+        "| strategy=stack_and_finetune | phase1 | 2.000 ± 0.000 | 3.500 ± 0.707 | 0.100 ± 0.000 "
+        "| 0.030 ± 0.014 |" in text
+    )
+
+
 def test_one_seed_gets_no_seed_level_tests(tmp_path):
     g = _grid(axes="strategy=finetune_only|stack_and_finetune", num_seeds=1)
     for run in grid.runs_of(g):
@@ -174,7 +214,9 @@ def test_shard_syntax():
             grid.parse_shard(bad)
 
 
-def _fake_run(workdir, run: grid.Run, accuracy: float, correct: list[bool]) -> None:
+def _fake_run(
+    workdir, run: grid.Run, accuracy: float, correct: list[bool], boundary: dict | None = None
+) -> None:
     """A finished run's files as train.run writes them: results.json, dev predictions, metrics.jsonl."""
     run_dir = workdir / "runs" / run.name
     run_dir.mkdir(parents=True)
@@ -183,6 +225,8 @@ def _fake_run(workdir, run: grid.Run, accuracy: float, correct: list[bool]) -> N
         "final_params": "last",
         "phases": [{"phase": "phase1", "steps": 2}, {"phase": "phase2", "steps": 2}],
     }
+    if boundary is not None:
+        results["phases"][0]["boundary"] = boundary
     (run_dir / "results.json").write_text(json.dumps(results))
     records = [
         {"key": f"ex{i}", "prediction": int(ok), "label": 1, "probabilities": [1 - ok, float(ok)]}
