@@ -338,3 +338,34 @@ def test_temperature_scaling_of_the_final_model(tmp_path):
     )
     with pytest.raises(ConfigError, match="calibration.temperature=True scales class probabilities"):
         train.check_config(tiny.get_config("calibration.temperature=true,data.task=stsb"))
+
+
+@pytest.mark.parametrize(
+    ("settings", "kill_at", "last_phase"),
+    [
+        (
+            "strategy=gradual_unfreezing,phase1.num_steps=2,unfreezing.num_steps=3,phase2.num_steps=2",
+            "unfreeze_layer0:3",
+            "unfreeze_embeddings",
+        ),
+        ("strategy=lp_ft,head=linear,phase1.num_steps=3,phase2.num_steps=3", "finetune:3", "finetune"),
+    ],
+)
+def test_new_presets_resume_bit_identically_after_a_kill(settings, kill_at, last_phase, tmp_path, run_cli):
+    config = f"configs/tiny.py:{settings}"
+    proc = run_cli(tmp_path / "whole", config=config)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert run_cli(tmp_path / "killed", config=config, kill_at=kill_at).returncode == -signal.SIGKILL
+    proc = run_cli(tmp_path / "killed", config=config)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"resumed {kill_at.split(':')[0]} at step 2" in proc.stderr
+    a, b = _results(tmp_path / "whole"), _results(tmp_path / "killed")
+    assert a["final"] == b["final"]
+    assert [(p["phase"], p["end_global_step"]) for p in a["phases"]] == [
+        (p["phase"], p["end_global_step"]) for p in b["phases"]
+    ]
+    jax.tree.map(
+        np.testing.assert_array_equal,
+        _phase_end_params(tmp_path / "whole", last_phase),
+        _phase_end_params(tmp_path / "killed", last_phase),
+    )
