@@ -12,6 +12,7 @@ recorded config, the rerun is refused before any work, with the differing keys l
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import socket
 import time
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import jax
+
+log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
 HISTORY_FILE = "config_history.jsonl"
@@ -83,10 +86,20 @@ def _write_json_atomically(path: Path, value: Any) -> None:
     os.replace(tmp, path)
 
 
+# What a run leaves once it has done any work; a workdir with none of these (a run refused by a check
+# after binding, e.g. a phase rule that labels no parameter) holds nothing a new config could mix with.
+PROGRESS = ("checkpoints", "metrics.jsonl", "results.json", "predictions", "feature_cache")
+
+
+def holds_progress(workdir: Path) -> bool:
+    return any((workdir / name).exists() for name in PROGRESS)
+
+
 def bind_config(workdir: Path, record: dict[str, Any], *, allow_change: bool) -> None:
     """Records `record` (the config and what else decides results) as the workdir's on its first run;
-    on a rerun, refuses a record that differs in a key that changes results, unless `allow_change`,
-    which records the new one and appends the old one to config_history.jsonl."""
+    on a rerun, refuses a record that differs in a key that changes results, unless `allow_change` (or
+    the workdir holds no progress yet), which records the new one and appends the old one to
+    config_history.jsonl."""
     path = workdir / CONFIG_FILE
     # JSON round trip: the comparison sees what a later rerun will read back (tuples become lists).
     record = json.loads(json.dumps(record))
@@ -95,7 +108,7 @@ def bind_config(workdir: Path, record: dict[str, Any], *, allow_change: bool) ->
         differences = config_differences(recorded, record)
         if not differences:
             return
-        if not allow_change:
+        if not allow_change and holds_progress(workdir):
             listed = "\n".join(
                 f"  {key}: {old!r} recorded, {new!r} now" for key, (old, new) in differences.items()
             )
@@ -105,6 +118,8 @@ def bind_config(workdir: Path, record: dict[str, Any], *, allow_change: bool) ->
                 "Use a new --workdir for the new config, or pass --allow_config_change (train.run: "
                 "allow_config_change=True) to continue this run with the new values on purpose."
             )
+        if not allow_change:
+            log.warning("%s: replacing the config of a run that did no work (%s)", workdir, list(differences))
         if jax.process_index() == 0:
             with (workdir / HISTORY_FILE).open("a") as f:
                 f.write(json.dumps({"replaced_at": time.time(), "record": recorded}) + "\n")

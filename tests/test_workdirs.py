@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from configs import tiny
-from stackft_jax import train, workdirs
+from stackft_jax import config_cli, train, workdirs
 
 
 def test_config_differences_list_changed_added_and_removed_keys():
@@ -41,6 +41,7 @@ def test_bind_config_records_refuses_and_allows_on_purpose(tmp_path):
     workdirs.bind_config(tmp_path, {**first, "config": {"seed": 0, "log_every_steps": 9}}, allow_change=False)
 
     other = {"config": {"seed": 1, "log_every_steps": 2}, "global_batch_size": 16}
+    (tmp_path / "metrics.jsonl").write_text("")  # the first run has done some work
     with pytest.raises(workdirs.ConfigMismatch) as refused:
         workdirs.bind_config(tmp_path, other, allow_change=False)
     message = str(refused.value)
@@ -52,6 +53,22 @@ def test_bind_config_records_refuses_and_allows_on_purpose(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text()) == other
     (history,) = (tmp_path / "config_history.jsonl").read_text().splitlines()
     assert json.loads(history)["record"] == first
+
+
+def test_a_run_refused_before_any_work_does_not_bind_its_workdir(tmp_path):
+    """A schedule whose rule labels no parameter fails after the workdir is bound but before anything is
+    written: the corrected config then runs there without --allow_config_change."""
+    bad = tiny.get_config("three_phases,phases.1.num_steps=2")
+    bad.phases[1].rules = [("backbone/layers/7/.*", "top"), *bad.phases[1].rules[1:]]
+    with pytest.raises(config_cli.ConfigError, match="matches no parameter"):
+        train.run(bad, tmp_path)
+    assert not workdirs.holds_progress(tmp_path)
+    results = train.run(
+        tiny.get_config("three_phases,phases.0.num_steps=2,phases.1.num_steps=2,phases.2.num_steps=2"),
+        tmp_path,
+    )
+    assert [p["phase"] for p in results["phases"]] == ["head", "top", "all"]
+    assert len((tmp_path / "config_history.jsonl").read_text().splitlines()) == 1
 
 
 def test_rerun_with_another_seed_is_refused_before_any_work(tmp_path):
