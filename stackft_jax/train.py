@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from flax import nnx
 from tqdm import tqdm
 
@@ -533,6 +532,13 @@ def _probabilities_and_labels(split: task_spec.Split, done: evaluation.Evaluatio
     return probabilities, split.arrays["labels"][: len(probabilities)]
 
 
+def _norm_on_host(tree) -> float:
+    """The global L2 norm of replicated arrays, from this process's copy (eager device ops would compile
+    one program each)."""
+    leaves = [np.asarray(x.addressable_data(0), np.float64) for x in jax.tree.leaves(tree)]
+    return float(np.sqrt(sum(np.sum(np.square(x)) for x in leaves)))
+
+
 def boundary_measurements(
     ctx: Context,
     params,
@@ -552,7 +558,7 @@ def boundary_measurements(
             params, ctx.datasets["train"], limit=train_examples, features=features.get("train")
         )
     measured = {
-        "head_param_norm": float(optax.tree.norm(params["head"])),
+        "head_param_norm": _norm_on_host(params["head"]),
         "dev_ece": (
             calibration.expected_calibration_error(*_probabilities_and_labels(ctx.datasets["dev"], dev))
             if "probabilities" in dev.rows
