@@ -16,6 +16,7 @@ import importlib.util
 import inspect
 import io
 import math
+import re
 import sys
 import tokenize
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -238,6 +239,9 @@ def key_comments() -> dict[str, str]:
     from stackft_jax.models.heads import HEADS  # imports flax: only when the comments are wanted
 
     comments = source_comments(Path(__file__).resolve().parent.parent / "configs" / "common.py")
+    # A written phase's keys (`phases.<i>.<key>`), from phases.BLOCK_DEFAULTS.
+    phase_keys = source_comments(Path(__file__).resolve().parent / "phases.py")
+    comments.update({f"phases.{key}": text for key, text in phase_keys.items() if "." not in key})
     for name, (default_config, _) in HEADS.items():
         head_comments = source_comments(Path(inspect.getsourcefile(default_config)))
         comments.update({f"head.{name}.{key}": text for key, text in head_comments.items()})
@@ -251,4 +255,6 @@ def show(config: ml_collections.ConfigDict, out=None) -> None:
     for key in flat_keys(config):
         parent, leaf = _parent_and_leaf(config, key)
         line = f"{key} = {parent[leaf]!r}"
-        print(f"{line:<60}  # {comments[key]}" if key in comments else line, file=out)
+        in_phase = re.sub(r"^phases\.\d+\.", "phases.", key)  # phases.<i>.learning_rates.<group> too
+        comment = comments.get(key) or comments.get(in_phase) or comments.get(in_phase.rsplit(".", 1)[0])
+        print(f"{line:<60}  # {comment}" if comment else line, file=out)

@@ -114,8 +114,9 @@ def block(
         raise ConfigError(f"phase {name!r}: unknown keys {unknown}; a phase has {sorted(BLOCK_DEFAULTS)}")
     c = ml_collections.ConfigDict(
         {
-            "name": name,
-            "rules": [tuple(rule) for rule in rules],
+            "name": name,  # names its checkpoints (checkpoints/<name>_end), logs and results
+            "rules": [tuple(rule) for rule in rules],  # (regex, group) over parameter paths; first match wins
+            # peak learning rate per trained group of `rules` (the group `frozen` has none)
             "learning_rates": ml_collections.ConfigDict({g: float(lr) for g, lr in learning_rates.items()}),
             **BLOCK_DEFAULTS,
             "max_train_dev_gap": placeholder(float),
