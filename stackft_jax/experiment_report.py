@@ -7,6 +7,9 @@
                   table (statsmodels); almost stochastic order (deepsig: Dror et al. 2019, epsilon < 0.5
                   means the cell is better); and a paired bootstrap over dev *examples* of the accuracy
                   difference, averaged over seeds, from the saved per-example predictions
+  ensembles       the grid's `ensembles`, built from the finished runs (ensemble.py, equal weights) and
+                  written to WORKDIR/ensembles/<cell>-seed<k>/, are cells of their own in the table, the
+                  comparisons and metric_by_cell.png (an axis value `a+b`); they have no dev curve
   majority class  accuracy of always predicting the most frequent dev label (tag, for tagging), from
                   the parsed labels of the prediction files
   boundaries      per cell and frozen-backbone phase, what its end recorded: head parameter norm, dev
@@ -22,6 +25,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import statistics
 from pathlib import Path
 from typing import Any
@@ -30,8 +34,8 @@ import ml_collections
 import numpy as np
 import scipy.stats
 
-from stackft_jax import predictions
-from stackft_jax.grid import Run, baseline_of, runs_of
+from stackft_jax import config_cli, ensemble, predictions
+from stackft_jax.grid import Run, baseline_of, check_ensembles, ensembles_of, run_config, runs_of
 from stackft_jax.report import json_safe
 
 BOOTSTRAP_SAMPLES = 1000
@@ -43,7 +47,7 @@ class RunResult:
     run: Run
     results: dict[str, Any]
     dev_predictions: Path
-    metrics_file: Path
+    metrics_file: Path | None  # None for an ensemble: no dev curve
 
     def score(self, split: str, metric: str) -> float | None:
         value = self.results["final"].get(split, {}).get(metric)
@@ -61,6 +65,36 @@ def load_runs(grid: ml_collections.ConfigDict, workdir: str | Path) -> list[RunR
         results = json.loads(results_file.read_text())
         loaded.append(RunResult(run, results, predictions.path(run_dir, "dev"), run_dir / "metrics.jsonl"))
     return loaded
+
+
+def _write_ensemble(out: Path, ensembled: dict[str, Any]) -> None:
+    # Staged beside and renamed into place file by file: two shards finishing at once may both write it.
+    staging = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    ensemble.write(staging, ensembled)
+    for file in sorted(f for f in staging.rglob("*") if f.is_file()):
+        target = out / file.relative_to(staging)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(file, target)
+    shutil.rmtree(staging)
+
+
+def build_ensembles(grid: ml_collections.ConfigDict, workdir: str | Path) -> list[RunResult]:
+    """Every ensemble of the grid, built from its finished members and written (again, the same) to
+    WORKDIR/ensembles/<cell>-seed<k>/; read back as runs of their own cells."""
+    workdir = Path(workdir)
+    ensembles = ensembles_of(grid)
+    check_ensembles(grid, ensembles, {m: run_config(grid, m) for e in ensembles for m in e.members})
+    built = []
+    for e in ensembles:
+        try:
+            ensembled = ensemble.ensemble([workdir / "runs" / m.name for m in e.members])
+        except ensemble.EnsembleError as error:
+            raise config_cli.ConfigError(f"grid ensemble {e.run.name}: {error}") from None
+        out = workdir / "ensembles" / e.run.name
+        _write_ensemble(out, ensembled)
+        results = {"final": ensembled["ensemble"], "members": [m.name for m in e.members]}
+        built.append(RunResult(e.run, results, predictions.path(out, "dev"), None))
+    return built
 
 
 def _interval(values: list[float]) -> dict[str, float | int | None]:
@@ -300,6 +334,12 @@ def _markdown(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
             f"{_fmt(dev['ci95_high'])}] | {_fmt(dev['min'])} | {_fmt(dev['max'])} | {dev['n']} | "
             f"{_fmt(test['mean']) if test else '-'} |"
         )
+    if report["ensembles"]:
+        lines += [
+            "",
+            f"Ensembles (`{grid.ensembles}`): a value `a+b` is the equal-weight average of those runs' class "
+            "probabilities, seed by seed (`ensembles/<cell>-seed<k>/`).",
+        ]
     if report["majority_baseline"] is not None:
         lines += [
             "",
@@ -352,15 +392,26 @@ def build_report(
     grid: ml_collections.ConfigDict, workdir: str | Path, *, aso_iterations: int = ASO_ITERATIONS
 ) -> dict[str, Any]:
     runs = load_runs(grid, workdir)
+    ensembles = build_ensembles(grid, workdir)
     return {
         "grid": grid.to_dict(),
         "runs": [
             {"name": r.run.name, "cell": dict(r.run.cell), "seed": r.run.seed, "final": r.results["final"]}
             for r in runs
         ],
+        "ensembles": [
+            {
+                "name": e.run.name,
+                "cell": dict(e.run.cell),
+                "seed": e.run.seed,
+                "members": e.results["members"],
+                "final": e.results["final"],
+            }
+            for e in ensembles
+        ],
         "final_params": sorted({r.results.get("final_params", "last").split(" ")[0] for r in runs}),
-        "cells": cell_statistics(runs, grid.metric),
-        "comparisons": comparisons(runs, grid, aso_iterations=aso_iterations),
+        "cells": cell_statistics(runs + ensembles, grid.metric),
+        "comparisons": comparisons(runs + ensembles, grid, aso_iterations=aso_iterations),
         "boundaries": boundary_statistics(runs, grid.metric),
         "majority_baseline": majority_baseline(runs[0].dev_predictions),
     }

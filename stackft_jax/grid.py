@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import logging
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import ml_collections
@@ -101,6 +102,82 @@ def baseline_of(grid: ml_collections.ConfigDict) -> tuple[str, str]:
     return key, value
 
 
+@dataclasses.dataclass(frozen=True)
+class Ensemble:
+    """Runs of one seed that differ only in one axis' value, their class probabilities averaged."""
+
+    run: Run  # where it stands in the report: that axis' value is the members' values joined by `+`
+    members: tuple[Run, ...]
+
+
+def _ensemble_specs(grid: ml_collections.ConfigDict) -> list[tuple[str, list[str]]]:
+    """`"head.name=a+b; strategy=c+d"` -> [("head.name", ["a", "b"]), ("strategy", ["c", "d"])]."""
+    axes = dict(parse_axes(grid.axes))
+    specs: list[tuple[str, list[str]]] = []
+    for part in filter(str.strip, grid.get("ensembles", "").split(";")):
+        match = _AXIS.match(part)
+        where = f"config key 'ensembles': {part.strip()!r}"
+        if match is None:
+            raise config_cli.ConfigError(f"{where} is not `key=value1+value2+...`")
+        key, values = match["key"], [v.strip() for v in match["values"].split("+")]
+        if key not in axes:
+            raise config_cli.ConfigError(f"{where}: {key} is not an axis (axes: {', '.join(axes)})")
+        unknown = [v for v in values if v not in axes[key]]
+        if unknown:
+            raise config_cli.ConfigError(
+                f"{where}: {unknown[0]!r} is not a value of axis {key} ({'|'.join(axes[key])})"
+            )
+        if len(set(values)) != len(values) or len(values) < 2:
+            raise config_cli.ConfigError(f"{where}: an ensemble needs two or more different values")
+        if "+".join(values) in axes[key] or (key, values) in specs:  # its cell would be another's
+            raise config_cli.ConfigError(f"{where} names a cell that the grid already has")
+        specs.append((key, values))
+    return specs
+
+
+def _with_value(cell: tuple[tuple[str, str], ...], key: str, value: str) -> tuple[tuple[str, str], ...]:
+    return tuple((k, value if k == key else v) for k, v in cell)
+
+
+def ensembles_of(grid: ml_collections.ConfigDict) -> list[Ensemble]:
+    """The grid's `ensembles` ("key=v1+v2; ..."): each one per combination of the other axes' values and
+    per seed, equal weights (Wang et al.'s ensemble of two heads)."""
+    specs = _ensemble_specs(grid)
+    runs = runs_of(grid)
+    by_cell_seed = {(run.cell, run.seed): run for run in runs}
+    ensembles = []
+    for key, values in specs:
+        for run in (r for r in runs if dict(r.cell)[key] == values[0]):
+            members = tuple(by_cell_seed[_with_value(run.cell, key, value), run.seed] for value in values)
+            ensembles.append(Ensemble(Run(_with_value(run.cell, key, "+".join(values)), run.seed), members))
+    return ensembles
+
+
+def check_ensembles(
+    grid: ml_collections.ConfigDict,
+    ensembles: list[Ensemble],
+    configs: Mapping[Run, ml_collections.ConfigDict],
+) -> None:
+    """Ensembles average class probabilities and score the task's metrics (ensemble.py): every member
+    must run a classification task, one of whose metrics is the grid's `metric`."""
+    from stackft_jax import objectives
+    from stackft_jax.data import tasks
+
+    for member in dict.fromkeys(m for e in ensembles for m in e.members):
+        task = tasks.get_task(configs[member].data.task)
+        where = f"config key 'ensembles' = {grid.ensembles!r}: grid run {member.name}"
+        if task.objective is not objectives.CLASSIFICATION:
+            raise config_cli.ConfigError(
+                f"{where} is a {task.objective.name} run (data.task={task.name}); ensembles average class "
+                "probabilities, which only classification runs have"
+            )
+        if grid.metric not in task.metrics:
+            raise config_cli.ConfigError(
+                f"{where}: an ensemble scores {task.name}'s metrics {list(task.metrics)}, not the grid's "
+                f"metric {grid.metric!r}"
+            )
+
+
 def run_config(grid: ml_collections.ConfigDict, run: Run) -> ml_collections.ConfigDict:
     """The base config with the run's axis values and seed (a bad key fails here, before any training)."""
     return config_cli.load(grid.base, run.overrides())
@@ -122,6 +199,7 @@ def run_grid(
     index, count = shard
     runs = runs_of(grid)
     baseline_of(grid)
+    ensembles = ensembles_of(grid)
     configs = {run: run_config(grid, run) for run in runs}  # every cell's keys checked up front
     for config in configs.values():
         share_feature_cache(config, workdir)
@@ -132,6 +210,7 @@ def run_grid(
             train.check_config(config)
         except (ValueError, FileNotFoundError) as error:
             raise config_cli.ConfigError(f"grid run {run.name}: {error}") from None
+    check_ensembles(grid, ensembles, configs)
 
     if runs:  # the cells share their shapes: a cell's later seeds (and a resumed grid) compile nothing
         compilation_cache.enable(configs[runs[0]].compilation_cache_dir)

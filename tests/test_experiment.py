@@ -3,6 +3,7 @@ that resumes after SIGKILL without rerunning finished cells and gives the same r
 
 import json
 import math
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from stackft_jax import config_cli, experiment_report, grid, predictions
+from stackft_jax import config_cli, experiment_report, grid, metrics, predictions
 from tests.conftest import REPO
 
 ASO_ITERATIONS = 50  # deepsig's default of 1000 takes half a minute per comparison
@@ -27,6 +28,7 @@ def _grid(**changes) -> ml_collections.ConfigDict:
             "num_seeds": 3,
             "baseline": "strategy=finetune_only",
             "metric": "accuracy",
+            "ensembles": "",
         }
     )
     c.update(changes)
@@ -218,8 +220,6 @@ def _fake_run(
     workdir, run: grid.Run, accuracy: float, correct: list[bool], boundary: dict | None = None
 ) -> None:
     """A finished run's files as train.run writes them: results.json, dev predictions, metrics.jsonl."""
-    run_dir = workdir / "runs" / run.name
-    run_dir.mkdir(parents=True)
     results = {
         "final": {"dev": {"accuracy": accuracy}},
         "final_params": "last",
@@ -227,12 +227,19 @@ def _fake_run(
     }
     if boundary is not None:
         results["phases"][0]["boundary"] = boundary
-    (run_dir / "results.json").write_text(json.dumps(results))
     records = [
         {"key": f"ex{i}", "prediction": int(ok), "label": 1, "probabilities": [1 - ok, float(ok)]}
         for i, ok in enumerate(correct)
     ]
+    _write_run(workdir, run, results, records)
+
+
+def _write_run(workdir, run: grid.Run, results: dict, records: list[dict]) -> None:
+    run_dir = workdir / "runs" / run.name
+    run_dir.mkdir(parents=True)
+    (run_dir / "results.json").write_text(json.dumps(results))
     predictions.write(predictions.path(run_dir, "dev"), records)
+    accuracy = results["final"]["dev"]["accuracy"]
     curve = [{"split": "dev", "global_step": s, "accuracy": accuracy} for s in (2, 4)]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve))
 
@@ -273,6 +280,111 @@ def test_report_statistics_on_hand_made_runs(tmp_path):
     assert (tmp_path / "figures" / "dev_curves.png").stat().st_size > 1000
 
 
+DEV_LABELS = [1, 0, 1, 0]
+
+
+def _fake_classifier(workdir, run: grid.Run, p1: list[float]) -> None:
+    """A finished QQP run whose probability of class 1 on the four dev examples is `p1`; its results.json
+    holds the metrics of those predictions (an ensemble recomputes and checks them)."""
+    predicted = [int(p > 0.5) for p in p1]
+    final = metrics.compute_metrics(("accuracy", "f1"), np.asarray(predicted), np.asarray(DEV_LABELS))
+    results = {"config": {"data": {"task": "qqp"}}, "final": {"dev": final}, "phases": []}
+    records = [
+        {"key": f"ex{i}", "prediction": y, "label": label, "probabilities": [1 - p, p]}
+        for i, (p, y, label) in enumerate(zip(p1, predicted, DEV_LABELS, strict=True))
+    ]
+    _write_run(workdir, run, results, records)
+
+
+# Probability of class 1 per (strategy, head); predictions and, in comments, the two heads' average's.
+ENSEMBLE_P1 = {
+    ("finetune_only", "cls_mlp"): [0.9, 0.6, 0.4, 0.2],  # 1 1 0 0
+    ("finetune_only", "esim"): [0.3, 0.2, 0.8, 0.9],  # 0 0 1 1; average 0.6 0.4 0.6 0.55: 1 0 1 1, 0.75
+    ("stack_and_finetune", "cls_mlp"): [0.9, 0.3, 0.4, 0.2],  # 1 0 0 0
+    ("stack_and_finetune", "esim"): [0.4, 0.2, 0.8, 0.1],  # 0 0 1 0; average 0.65 0.25 0.6 0.15: 1.0
+}
+# Seed 1 only: 0 0 0 0; averaged with cls_mlp 0.65 0.25 0.425 0.15: 1 0 0 0, 0.75.
+STACKED_ESIM_SEED1 = [0.4, 0.2, 0.45, 0.1]
+
+
+def test_ensemble_cells_on_hand_made_runs(tmp_path):
+    g = _grid(num_seeds=2, ensembles="head.name=cls_mlp+esim")
+    for run in grid.runs_of(g):
+        cell = tuple(dict(run.cell).values())
+        seed1 = run.seed == 1 and cell == ("stack_and_finetune", "esim")
+        _fake_classifier(tmp_path, run, STACKED_ESIM_SEED1 if seed1 else ENSEMBLE_P1[cell])
+    experiment_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    report = json.loads((tmp_path / "report.json").read_text())
+
+    stacked = "strategy=stack_and_finetune-name=cls_mlp+esim"
+    assert [c["name"] for c in report["cells"]][4:] == ["strategy=finetune_only-name=cls_mlp+esim", stacked]
+    cell = report["cells"][5]["dev"]
+    assert (cell["n"], cell["mean"], cell["min"], cell["max"]) == (2, 0.875, 0.75, 1.0)
+    assert cell["std"] == pytest.approx(np.std([1.0, 0.75], ddof=1))
+    assert report["cells"][4]["dev"]["mean"] == 0.75
+    entry = next(e for e in report["ensembles"] if e["name"] == f"{stacked}-seed0")
+    assert entry["members"] == [
+        "strategy=stack_and_finetune-name=cls_mlp-seed0",
+        "strategy=stack_and_finetune-name=esim-seed0",
+    ]
+
+    # Against the ensemble of the baseline strategy, same seed; the bootstrap reads the ensembles' files:
+    # per example, seed 0 differs by 0 0 0 +1 and seed 1 by 0 0 -1 +1, so (0.5 / 4) on average.
+    row = next(r for r in report["comparisons"] if r["cell"]["head.name"] == "cls_mlp+esim")
+    assert row["baseline"] == {"strategy": "finetune_only", "head.name": "cls_mlp+esim"}
+    assert (row["seeds"], row["per_seed"]) == ([0, 1], [0.25, 0.0])
+    assert row["bootstrap"]["difference"] == pytest.approx(0.125)
+    assert len(report["comparisons"]) == 3
+
+    out = tmp_path / "ensembles" / f"{stacked}-seed0"
+    averaged = [r["probabilities"][1] for r in predictions.read(predictions.path(out, "dev")).values()]
+    assert averaged == pytest.approx([0.65, 0.25, 0.6, 0.15])
+    text = (tmp_path / "report.md").read_text()
+    assert f"| {stacked} | 0.8750 ± 0.1768 |" in text and "`ensembles/<cell>-seed<k>/`" in text
+
+    # A rerun (a finished grid, or --report_only) writes the same ensembles again.
+    written = {f: f.read_bytes() for f in (tmp_path / "ensembles").rglob("*") if f.is_file()}
+    experiment_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    assert {f: f.read_bytes() for f in (tmp_path / "ensembles").rglob("*") if f.is_file()} == written
+    assert len(written) == 8  # results.json and dev predictions of 2 strategies x 2 seeds, nothing staged
+
+
+@pytest.mark.parametrize(
+    ("ensembles", "message"),
+    [
+        ("head.name", "is not `key=value1+value2+...`"),
+        ("head.nam=cls_mlp+esim", "head.nam is not an axis"),
+        ("head.name=cls_mlp+bimpm", "'bimpm' is not a value of axis head.name"),
+        ("head.name=cls_mlp", "two or more different values"),
+        ("strategy=finetune_only+finetune_only", "two or more different values"),
+        ("head.name=cls_mlp+esim; head.name=cls_mlp+esim", "already has"),
+    ],
+)
+def test_bad_ensembles_are_named_before_training(tmp_path, ensembles, message):
+    with pytest.raises(config_cli.ConfigError, match=re.escape(message)) as error:
+        grid.run_grid(_grid(ensembles=ensembles), tmp_path)
+    assert "config key 'ensembles'" in str(error.value)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"base": "configs/tiny.py:conll", "metric": "f1"}, "is a word_tagging run (data.task=conll2003)"),
+        ({"metric": "loss"}, "not the grid's metric 'loss'"),
+    ],
+)
+def test_ensembles_need_class_probabilities_and_the_grids_metric(tmp_path, changes, message):
+    g = _grid(
+        axes="strategy=finetune_only|stack_and_finetune",
+        ensembles="strategy=finetune_only+stack_and_finetune",
+    )
+    g.update(changes)
+    with pytest.raises(config_cli.ConfigError, match=re.escape(message)):
+        grid.run_grid(g, tmp_path)
+    assert not (tmp_path / "runs").exists()
+
+
 def test_holm_correction_across_the_table(tmp_path):
     g = _grid(axes="strategy=finetune_only|stack_only|stack_and_finetune", num_seeds=3)
     scores = {
@@ -305,7 +417,7 @@ def _experiment(workdir, *args: str, wait: bool = True):
 
 
 def _comparable(report: dict) -> dict:
-    return {key: report[key] for key in ("runs", "cells", "comparisons", "majority_baseline")}
+    return {key: report[key] for key in ("runs", "ensembles", "cells", "comparisons", "majority_baseline")}
 
 
 def test_a_killed_grid_resumes_and_shards_give_the_same_report(tmp_path):
@@ -323,6 +435,17 @@ def test_a_killed_grid_resumes_and_shards_give_the_same_report(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert first.stat().st_mtime_ns == finished_at  # the finished cell was read back, not rerun
     assert "grid run 1/4" not in done.stderr
+    # configs/experiments/tiny.py ensembles its two strategies, seed by seed.
+    ensembled = json.loads(
+        (whole / "ensembles" / "strategy=finetune_only+stack_and_finetune-seed1" / "results.json").read_text()
+    )
+    assert [m["workdir"] for m in ensembled["members"]] == [
+        str(whole / "runs" / f"strategy={s}-seed1") for s in ("finetune_only", "stack_and_finetune")
+    ]
+    report = json.loads((whole / "report.json").read_text())
+    assert report["cells"][-1]["name"] == "strategy=finetune_only+stack_and_finetune"
+    assert report["cells"][-1]["dev"]["n"] == 2
+    assert report["comparisons"][-1]["cell"] == {"strategy": "finetune_only+stack_and_finetune"}
 
     shards = [_experiment(sharded, f"--shard={i}/2", wait=False) for i in range(2)]
     outputs = [p.communicate(timeout=900)[0] for p in shards]
