@@ -15,13 +15,18 @@ A grid config (configs/experiments/*.py) holds:
   baseline  "key=value": each other value of that axis is compared with it, for the same other axis
             values and seed (paired)
   metric    the metric the comparisons use (a key of results.json's `final.dev`)
+  ensembles optional, "" by default: "key=v1+v2; key2=..." averages the class probabilities of the runs
+            with those values of that axis (equal weights, ensemble.py), per seed and combination of the
+            other axes' values; the report builds them from the finished runs in WORKDIR/ensembles/ and
+            shows each as a cell whose value is `v1+v2` (compared with the baseline like any cell);
+            classification only, refused before training otherwise
 
 Every cell-seed is an ordinary run in `WORKDIR/runs/<cell>-seed<k>` (so it resumes like any run, and is
 bound to its config like any workdir); finished runs are read back, so the grid resumes where it stopped
-and a finished grid only rewrites the report (experiment_report.py). Runs go seed by seed, so a grid cut
-short still has comparable cells. `--shard=i/N` runs the cell-seeds whose position in that order is i
-mod N: N machines over one shared workdir (or merged later) split a grid; the report is written by
-whichever finds every run finished.
+and a finished grid only rewrites the report and its ensembles (experiment_report.py). Runs go seed by
+seed, so a grid cut short still has comparable cells. `--shard=i/N` runs the cell-seeds whose position
+in that order is i mod N: N machines over one shared workdir (or merged later) split a grid; the report
+is written by whichever finds every run finished.
 
 Runs with `phase1.feature_cache=True` and no `phase1.feature_cache_dir` of their own share
 WORKDIR/feature_cache: the frozen backbone's features are built once for all cells and seeds with the

@@ -48,6 +48,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "strategy=finetune_only|stack_only|stack_and_finetune; "
         "head.name=cls_mlp|bimpm|bimpm_no_context|sim_transformer"
     )
+    c.ensembles = ""  # runs averaged, per seed and other axes' values: "head.name=bimpm+sim_transformer"
     c.num_seeds = 5  # seeds 0 .. num_seeds-1 per cell
     c.baseline = "strategy=finetune_only"  # the cell every other value of this axis is compared with
     c.metric = "accuracy"  # the dev metric of the comparisons (the paper's measure)

@@ -1,15 +1,15 @@
-"""Wang et al. 2019's Yahoo Answers experiment (two classes) as a grid: DenseNet and Highway-LSTM heads x
-the three strategies x 5 seeds; their ensemble is built from the finished runs afterwards.
+"""Wang et al. 2019's Yahoo Answers experiment (two classes) as a grid: DenseNet and Highway-LSTM heads,
+and their ensemble, x the three strategies x 5 seeds.
 
 Full scale (bert-base-uncased, the Hugging Face yahoo_answers_topics dataset, configs/yahoo.py budgets):
   python -m stackft_jax.experiment --config=configs/experiments/paper_yahoo.py --workdir=runs/paper_yahoo
 CPU-sized (embedded MiniLM, the shared two-class files, 150 + 150 steps of batch 16, 128 tokens):
   python -m stackft_jax.experiment --config=configs/experiments/paper_yahoo.py:small \
     --workdir=runs/paper_yahoo_small
-The paper's ensemble of the two stack-and-finetune heads, per seed k:
-  R=runs/paper_yahoo_small/runs/strategy=stack_and_finetune
-  python -m stackft_jax.ensemble --workdirs=$R-name=densenet-seed0,$R-name=highway_lstm-seed0 \
-    --out=runs/paper_yahoo_small/ensemble-seed0
+The ensemble (the paper's: equal weights) is built per strategy and seed once every run has finished, in
+WORKDIR/ensembles/, and reported as the cell `name=densenet+highway_lstm`. Other weights, e.g. chosen on
+dev (which then scores them optimistically): python -m stackft_jax.ensemble --weights=dev
+  --workdirs=WORKDIR/runs/<cell>-name=densenet-seed0,WORKDIR/runs/<cell>-name=highway_lstm-seed0 --out=...
 """
 
 import ml_collections
@@ -30,6 +30,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.axes = (  # "key=value|value|...; key=..." over any config keys
         "strategy=finetune_only|stack_only|stack_and_finetune; head.name=densenet|highway_lstm"
     )
+    c.ensembles = "head.name=densenet+highway_lstm"  # per strategy and seed: "key=value+value; ..."
     c.num_seeds = 5  # seeds 0 .. num_seeds-1 per cell
     c.baseline = "strategy=finetune_only"  # the cell every other value of this axis is compared with
     c.metric = "accuracy"  # the dev metric of the comparisons: the paper's measure
