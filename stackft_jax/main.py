@@ -102,7 +102,7 @@ def main(argv: list[str]) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("absl").setLevel(logging.WARNING)
 
-    from stackft_jax import compilation_cache, train, workdirs
+    from stackft_jax import checkpointing, compilation_cache, train, workdirs
 
     try:
         train.check_config(config)  # values out of range or choice, missing files: named, no traceback
@@ -112,7 +112,12 @@ def main(argv: list[str]) -> None:
     logging.info("JAX process %d/%d, devices: %s", jax.process_index(), jax.process_count(), jax.devices())
     try:
         results = train.run(config, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
-    except (workdirs.ConfigMismatch, workdirs.WorkdirInUse, FloatingPointError) as error:
+    except (
+        workdirs.ConfigMismatch,
+        workdirs.WorkdirInUse,
+        checkpointing.FrozenParametersChanged,
+        FloatingPointError,
+    ) as error:
         # Refusals and stops the message fully explains: no traceback to scroll past.
         raise SystemExit(f"error: {error}") from None
     if jax.process_index() == 0:

@@ -293,9 +293,18 @@ def _raise_if_nonfinite(
 
 
 def run_phase(
-    ctx: Context, phase: phases.Phase, index: int, params, global_offset: int, best: dict
+    ctx: Context,
+    phase: phases.Phase,
+    index: int,
+    params,
+    global_offset: int,
+    best: dict,
+    *,
+    trained,
+    frozen: str,
 ) -> tuple[Any, dict]:
-    """Trains one phase to its stop; returns its final parameters and its record."""
+    """Trains one phase to its stop; returns its final parameters and its record. `trained` marks the
+    parameters the phase's rules train; `frozen` fingerprints the others (checkpointing.py)."""
     config, mesh = ctx.config, ctx.mesh
     replicated = sharding.replicated(mesh)
     phase_step = build_phase_step(
@@ -313,6 +322,8 @@ def run_phase(
     checkpoints = checkpointing.PhaseCheckpoints(
         ctx.workdir,
         phase.name,
+        trained=trained,
+        frozen=frozen,
         max_to_keep=config.keep_checkpoints,
         async_save=config.async_checkpointing,
     )
@@ -320,7 +331,7 @@ def run_phase(
     tracker = phases.StopTracker(phase.stop)
     wall_time = 0.0
     abstract = checkpointing.abstract_like(jax.eval_shape(init_state, params), replicated)
-    restored = checkpoints.restore_latest(abstract)
+    restored = checkpoints.restore_latest(abstract, params)
     if restored is not None:
         latest, state, meta = restored
         best_checkpoint.discard_between(global_offset + latest, global_offset + phase.num_steps)
@@ -487,6 +498,8 @@ def run_phase(
         checkpoints.close()
         best_checkpoint.close()
 
+    if checkpointing.frozen_fingerprint(state.params, trained) != frozen:  # what checkpoints rely on
+        raise checkpointing.FrozenParametersChanged(f"{phase.name} changed parameters its rules freeze")
     if eval_now and not features:
         # The loop ended on an evaluation of the backbone's own outputs (cached features may round
         # differently): it scored exactly the parameters and computation this phase's final scoring would.
@@ -674,17 +687,22 @@ def _run(
 
     records, best, global_offset = [], {}, 0
     for index, phase in enumerate(plan):
+        # Checkpoints store what the phase trains; the rest is `params` as they are now (a fingerprint).
+        trained = optim.trainable_mask(optim.label_params(params, phase.rules))
+        frozen = checkpointing.frozen_fingerprint(params, trained)
         finished = checkpointing.load_phase_end(
-            workdir, phase.name, checkpointing.abstract_like(params, sharding.replicated(mesh))
+            workdir, phase.name, params, trained, frozen=frozen, sharding=sharding.replicated(mesh)
         )
         if finished is not None:
             params, record = finished
             log.info("%s already finished (%s)", phase.name, record["stop_reason"])
         else:
             with timer.phase("train_steps"):  # less its evaluations, checkpoints and compilations
-                params, record = run_phase(ctx, phase, index, params, global_offset, best)
+                params, record = run_phase(
+                    ctx, phase, index, params, global_offset, best, trained=trained, frozen=frozen
+                )
             with timer.phase("checkpoint_writes"):
-                checkpointing.save_phase_end(workdir, phase.name, params, record)
+                checkpointing.save_phase_end(workdir, phase.name, params, trained, record, frozen=frozen)
         # The boundary checkpoint replaces the phase's periodic ones (a lost boundary reruns the phase).
         checkpointing.discard_periodic(workdir, phase.name)
         records.append(record)

@@ -86,7 +86,8 @@ def test_damaged_boundary_checkpoint_reruns_its_phase(uninterrupted, tmp_path, r
     checkpoints went when the boundary was written), then phase 2 resumes from its own checkpoint."""
     assert run_cli(tmp_path, kill_at="phase2:3").returncode == -signal.SIGKILL
     assert not (tmp_path / "checkpoints" / "phase1").exists()
-    (checkpointing.phase_end_path(tmp_path, "phase1") / "params" / "_METADATA").unlink()
+    # The array database's manifest (orbax restores without _METADATA when given the target tree).
+    (checkpointing.phase_end_path(tmp_path, "phase1") / "params" / "manifest.ocdbt").unlink()
     proc = run_cli(tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resumed phase1" not in proc.stderr and "resumed phase2 at step 2" in proc.stderr

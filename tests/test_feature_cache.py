@@ -10,12 +10,11 @@ from pathlib import Path
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 
 from configs import tiny
-from stackft_jax import checkpointing, feature_cache, sharding, steps, train
+from stackft_jax import feature_cache, run_params, sharding, steps, train
 from stackft_jax.data import batching, task_spec, tasks, tokenization
 from stackft_jax.models import bert
 from stackft_jax.report import RunReport
@@ -134,8 +133,7 @@ def _train(workdir: Path, monkeypatch, arg: str) -> dict:
         patch.setattr(train.batching, "length_buckets", lambda max_seq_length: BUCKETS)
         patch.setattr(RunReport, "train", lambda self, *, global_step, metrics: losses.append(metrics))
         results = train.run(config, workdir)
-    with ocp.StandardCheckpointer() as checkpointer:
-        params = checkpointer.restore(checkpointing.phase_end_path(workdir, "phase1") / "params")
+    params = run_params.phase_params(workdir, "phase1")
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     return {"results": results, "losses": losses, "records": records, "params": params}
 
@@ -202,13 +200,9 @@ def test_resume_inside_a_cached_phase_equals_an_uninterrupted_run(tmp_path, run_
         (p["phase"], p["steps"], p["stop_reason"]) for p in rb["phases"]
     ]
     assert (uninterrupted / "metrics.jsonl").read_text() == (resumed / "metrics.jsonl").read_text()
-    with ocp.StandardCheckpointer() as checkpointer:
-        for phase in ("phase1", "phase2"):
-            pa, pb = (
-                checkpointer.restore(checkpointing.phase_end_path(w, phase) / "params")
-                for w in (uninterrupted, resumed)
-            )
-            jax.tree.map(np.testing.assert_array_equal, pa, pb)
+    for phase in ("phase1", "phase2"):
+        pa, pb = (run_params.phase_params(w, phase) for w in (uninterrupted, resumed))
+        jax.tree.map(np.testing.assert_array_equal, pa, pb)
 
 
 # Pretrained MiniLM (the same backbone for every seed; the tiny config's random init draws one per seed).

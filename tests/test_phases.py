@@ -9,12 +9,11 @@ from pathlib import Path
 import jax
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 
 from configs import tiny
-from stackft_jax import calibration, checkpointing, config_cli, optim, phases, train
+from stackft_jax import calibration, checkpointing, config_cli, optim, phases, run_params, train
 from stackft_jax.config_cli import ConfigError
 from stackft_jax.data import tasks
 from stackft_jax.models import bert
@@ -196,14 +195,7 @@ def test_rules_are_checked_against_the_parameters_before_any_phase_trains(tmp_pa
 
 
 def _phase_end_params(workdir: Path, name: str):
-    path = checkpointing.phase_end_path(workdir, name) / "params"
-    one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    with ocp.StandardCheckpointer() as checkpointer:
-        target = jax.tree.map(
-            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one_device),
-            checkpointer.metadata(path).item_metadata,
-        )
-        return checkpointer.restore(path, target)
+    return run_params.phase_params(workdir, name)
 
 
 def _results(workdir: Path) -> dict:
@@ -226,12 +218,17 @@ def test_a_written_three_phase_schedule_runs_and_records_its_boundaries(three_ph
         ("top", 4, 8),
         ("all", 4, 12),
     ]
-    for name in ("head", "top", "all"):
-        assert checkpointing.phase_end_path(three_phase_run, name).is_dir()
+    # Each boundary holds what its phase trained.
+    parts = {name: checkpointing.read_phase_end(three_phase_run, name)[0] for name in ("head", "top", "all")}
+    assert set(parts["head"]) == {"head"}
+    assert set(parts["top"]["backbone"]) == {"layers", "pooler"} and set(
+        parts["top"]["backbone"]["layers"]
+    ) == {"1"}
+    assert set(parts["all"]["backbone"]) == {"embeddings", "layers", "pooler"}
     head, top, every = (_phase_end_params(three_phase_run, n) for n in ("head", "top", "all"))
     same = jax.tree.map(np.array_equal, head["backbone"], top["backbone"])
-    assert not same["layers"]["1"]["attention"]["query"]["kernel"]
-    assert all(jax.tree.leaves(same["layers"]["0"])) and all(jax.tree.leaves(same["embeddings"]))
+    assert not same["layers"][1]["attention"]["query"]["kernel"]
+    assert all(jax.tree.leaves(same["layers"][0])) and all(jax.tree.leaves(same["embeddings"]))
     assert not np.array_equal(
         top["backbone"]["embeddings"]["word_embeddings"]["embedding"],
         every["backbone"]["embeddings"]["word_embeddings"]["embedding"],
@@ -271,7 +268,7 @@ def test_gradual_unfreezing_leaves_still_frozen_layers_bit_identical_at_every_bo
 
     def subtree(tree, path):
         for part in path.split("/"):
-            tree = tree[part] if part in tree else tree[int(part)]  # nnx keys layers by int, orbax by str
+            tree = tree[part] if part in tree else tree[int(part)]  # nnx keys layers by int
         return tree
 
     for trained_units, name in enumerate(names):

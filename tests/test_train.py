@@ -2,31 +2,24 @@
 
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
 from configs import quora, tiny
-from stackft_jax import checkpointing, predictions, preemption, sharding, train
+from stackft_jax import checkpointing, predictions, preemption, run_params, sharding, train
 from stackft_jax.data import glue, tasks
 from stackft_jax.models import bert
 
 
 def _final_params(workdir: Path):
     """Read onto one device, whatever devices or processes wrote them."""
-    path = checkpointing.phase_end_path(workdir, "phase2") / "params"
-    one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    with ocp.StandardCheckpointer() as checkpointer:
-        target = jax.tree.map(
-            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one_device),
-            checkpointer.metadata(path).item_metadata,
-        )
-        return checkpointer.restore(path, target)
+    return run_params.phase_params(workdir, "phase2")
 
 
 def _eval_records(workdir: Path) -> list[dict]:
@@ -78,6 +71,9 @@ def test_outputs(uninterrupted):
     np.testing.assert_allclose(results["final"]["dev"]["accuracy"], accuracy)
     for name in ("phase1_end", "phase2_end", "best"):
         assert (uninterrupted / "checkpoints" / name).is_dir()
+    # A boundary holds what its phase trained: phase 1 the head (the backbone is the initial one).
+    assert set(checkpointing.read_phase_end(uninterrupted, "phase1")[0]) == {"head"}
+    assert set(checkpointing.read_phase_end(uninterrupted, "phase2")[0]) == {"backbone", "head"}
     # Phase 1 held optimizer state for the head only.
     p1, p2 = results["phases"]
     assert p1["optimizer_state_bytes"] < p2["optimizer_state_bytes"] / 100
@@ -91,6 +87,23 @@ def test_sigkill_inside_phase1_at_the_boundary_and_inside_phase2(uninterrupted, 
     proc = run_cli(tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _assert_same_run(uninterrupted, tmp_path)
+
+
+def test_checkpoints_of_a_phase_started_from_other_frozen_weights_are_refused(
+    uninterrupted, tmp_path, run_cli
+):
+    # Seed 1 draws another random backbone than seed 0's, under which phase 1 trained its head.
+    finished, killed = tmp_path / "finished", tmp_path / "killed"
+    shutil.copytree(uninterrupted, finished)
+    assert run_cli(killed, kill_at="phase1:3").returncode == -signal.SIGKILL
+    newest = max(int(p.name) for p in (killed / "checkpoints" / "phase1").glob("[0-9]*"))
+    for workdir, checkpoint in ((finished, "phase1_end"), (killed, f"phase1/{newest}")):
+        proc = run_cli(workdir, "--config.seed=1", "--allow_config_change")
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        error = proc.stderr.strip().splitlines()[-1]
+        assert error.startswith(f"error: {workdir / 'checkpoints' / checkpoint} was saved by a phase that ")
+        assert "Traceback" not in proc.stderr
+        assert (workdir / "checkpoints" / checkpoint).is_dir()  # kept: nothing saved is lost
 
 
 def test_sigterm_saves_and_resumes(uninterrupted, tmp_path, run_cli):
