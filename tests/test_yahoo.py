@@ -171,7 +171,7 @@ def test_held_out_dev_is_fixed_by_keys_and_kept_out_of_train(tmp_path):
 
 
 def test_head_tail_truncation_keeps_the_start_and_the_end():
-    tokenizer = tokenization.load_tokenizer(bert.resolve_model_dir("embedded:minilm"))
+    tokenizer = tokenization.load_tokenizer(bert.resolve_model_dir("embedded:minilm")).loaded
     long_text = "first " + "middle " * 100 + "last"
     examples = [yahoo.Example(long_text, None, 0, "a"), yahoo.Example("short", None, 1, "b")]
     options = _task(truncation="head_tail").encoding_options(_data_config(truncation="head_tail"))

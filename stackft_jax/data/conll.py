@@ -22,16 +22,18 @@ import re
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from transformers import PreTrainedTokenizerBase
 
 from stackft_jax import metrics, objectives
 from stackft_jax.data import batching, word_pieces
 from stackft_jax.data.task_spec import Split, TaskSpec, hub_rows
 from stackft_jax.data.text_files import decoded_lines
 from stackft_jax.data.word_pieces import NO_DOCUMENT
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # CoNLL-2003's tags, in the order of the Hugging Face dataset's `ner_tags` class names.
 TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
@@ -178,7 +180,7 @@ class ConllTask(TaskSpec):
 
     def encode(
         self,
-        tokenizer: PreTrainedTokenizerBase,
+        tokenizer: "PreTrainedTokenizerBase",
         examples: Sequence[Sentence],
         *,
         max_seq_length: int,

@@ -8,15 +8,17 @@ float32 scores for regression. A row is an example. Prediction records:
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from transformers import PreTrainedTokenizerBase
 
 from stackft_jax import metrics
 from stackft_jax.data import batching, tokenization
 from stackft_jax.data.task_spec import Split, TaskSpec, hub_rows
 from stackft_jax.objectives import Objective
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 UNLABELED = -1
 
@@ -52,7 +54,7 @@ class SentenceTask(TaskSpec):
 
     def encode(
         self,
-        tokenizer: PreTrainedTokenizerBase,
+        tokenizer: "PreTrainedTokenizerBase",
         examples: Sequence[Example],
         *,
         max_seq_length: int,

@@ -18,13 +18,15 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from transformers import PreTrainedTokenizerBase
 
 from stackft_jax.data import batching, tokenization
 from stackft_jax.objectives import Objective
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +79,7 @@ class TaskSpec(abc.ABC):
     @abc.abstractmethod
     def encode(
         self,
-        tokenizer: PreTrainedTokenizerBase,
+        tokenizer: "PreTrainedTokenizerBase",
         examples: Sequence[Any],
         *,
         max_seq_length: int,
@@ -210,7 +212,7 @@ def _source(task: TaskSpec, split: str, path: str | Path | None) -> str:
 
 def encode_examples(
     task: TaskSpec,
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: tokenization.Tokenizer,
     examples: Sequence[Any],
     *,
     max_seq_length: int,
@@ -220,7 +222,7 @@ def encode_examples(
     """`task.encode`, through the on-disk cache when `cache_dir` is given."""
     options = dict(options or {})
     return tokenization.cached(
-        lambda: task.encode(tokenizer, examples, max_seq_length=max_seq_length, options=options),
+        lambda: task.encode(tokenizer.loaded, examples, max_seq_length=max_seq_length, options=options),
         cache_dir=cache_dir,
         name=f"{task.name}-{max_seq_length}",
         identity=f"{task.name}|{max_seq_length}|{sorted(options.items())!r}",
@@ -234,7 +236,7 @@ def load_split(
     split: str,
     path: str | Path | None,
     *,
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: tokenization.Tokenizer,
     max_seq_length: int,
     options: Mapping[str, Any] | None = None,
     cache_dir: str | Path | None = None,

@@ -1,28 +1,59 @@
 """Texts -> fixed-width token arrays, and the on-disk cache that lets a run encode each split once."""
 
+import functools
 import hashlib
 import os
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-# Bump when the arrays written to the cache change meaning, so old cache files are ignored.
-_CACHE_VERSION = 2
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+# Bump when the arrays written to the cache (or its keys) change meaning, so old cache files are ignored.
+_CACHE_VERSION = 3
+# A model folder's files that are not the tokenizer's: everything else there is hashed into cache keys.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack", ".onnx", ".ot", ".pt", ".pth", ".ckpt")
 # Texts per tokenizer call: large enough that the Rust tokenizer's batch parallelism pays off,
 # small enough that the intermediate Python lists stay modest for SST-2-sized splits.
 _CHUNK_SIZE = 8192
 
 
-def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(str(model_dir), use_fast=True)
+class Tokenizer:
+    """A model folder's tokenizer, loaded (through transformers: seconds of imports) on first use.
+
+    Cache keys hash the folder's tokenizer files instead of the loaded tokenizer, so a run whose
+    splits are all cached, such as every run after a grid's first, never loads it."""
+
+    def __init__(self, model_dir: str | Path):
+        self.model_dir = Path(model_dir)
+
+    @functools.cached_property
+    def loaded(self) -> "PreTrainedTokenizerBase":
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(self.model_dir), use_fast=True)
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A hash of every file of the model folder but the weights: vocabulary, tokenizer and model
+        configs, whatever format they come in."""
+        h = hashlib.sha256()
+        for path in sorted(self.model_dir.iterdir()):
+            if path.is_file() and not path.name.endswith(_WEIGHT_SUFFIXES):
+                h.update(f"{path.name}|".encode() + path.read_bytes() + b"\x00")
+        return h.hexdigest()
+
+
+def load_tokenizer(model_dir: str | Path) -> Tokenizer:
+    return Tokenizer(model_dir)
 
 
 def encode_texts(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: "PreTrainedTokenizerBase",
     texts_a: Sequence[str],
     texts_b: Sequence[str] | None,
     *,
@@ -57,10 +88,10 @@ def cached(
     cache_dir: str | Path | None,
     name: str,
     identity: str,
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: Tokenizer,
     examples: Sequence[Any],
 ) -> dict[str, np.ndarray]:
-    """`encode()`, or its arrays from `cache_dir/<name>-<key>.npz`. The key hashes the tokenizer,
+    """`encode()`, or its arrays from `cache_dir/<name>-<key>.npz`. The key hashes the tokenizer's files,
     `identity` (task, length, encoding options) and every example's repr (texts, labels, keys), so
     anything that could change the arrays changes the file."""
     if cache_dir is None:
@@ -74,13 +105,8 @@ def cached(
     return arrays
 
 
-def _cache_key(tokenizer: PreTrainedTokenizerBase, identity: str, examples: Sequence[Any]) -> str:
-    h = hashlib.sha256()
-    tokenizer_id = (
-        f"v{_CACHE_VERSION}|{type(tokenizer).__module__}.{type(tokenizer).__qualname__}|"
-        f"{tokenizer.name_or_path}|{len(tokenizer)}|{identity}"
-    )
-    h.update(tokenizer_id.encode())
+def _cache_key(tokenizer: Tokenizer, identity: str, examples: Sequence[Any]) -> str:
+    h = hashlib.sha256(f"v{_CACHE_VERSION}|{tokenizer.fingerprint}|{identity}".encode())
     for example in examples:
         h.update(b"\x00" + repr(example).encode())
     return h.hexdigest()[:24]
@@ -100,7 +126,7 @@ def _write_atomically(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def encode_head_tail(
-    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], *, max_seq_length: int, head_fraction: float
+    tokenizer: "PreTrainedTokenizerBase", texts: Sequence[str], *, max_seq_length: int, head_fraction: float
 ) -> dict[str, np.ndarray]:
     """[CLS] text [SEP] like `encode_texts` for single texts, but a text longer than the
     `max_seq_length - 2` tokens between [CLS] and [SEP] keeps its first `head_fraction` of them and its

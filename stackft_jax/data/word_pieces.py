@@ -24,10 +24,12 @@ Any word-level task can use this module: its sentences need `words`, `tags` and 
 import logging
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-from transformers import PreTrainedTokenizerBase
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 PAD_LABEL = -1
 NO_DOCUMENT = -1  # a sentence's `document` when its document is unknown
@@ -46,7 +48,7 @@ class Sentence(Protocol):
     def document(self) -> int: ...  # sentences of one document share it; NO_DOCUMENT: unknown
 
 
-def word_piece_ids(tokenizer: PreTrainedTokenizerBase, words: Sequence[str]) -> dict[str, list[int]]:
+def word_piece_ids(tokenizer: "PreTrainedTokenizerBase", words: Sequence[str]) -> dict[str, list[int]]:
     """Each distinct word's sub-token ids (one batched tokenizer call); a word the tokenizer maps to
     nothing (control characters, say) gets the unknown token."""
     distinct = sorted(set(words))
@@ -68,7 +70,7 @@ def _chunks(pieces: list[list[int]], budget: int) -> list[tuple[int, int]]:
 
 
 def encode_sentences(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: "PreTrainedTokenizerBase",
     sentences: Sequence[Sentence],
     *,
     tag_ids: Mapping[str, int],

@@ -24,16 +24,18 @@ import functools
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from transformers import PreTrainedTokenizerBase
 
 from stackft_jax import objectives
 from stackft_jax.data import batching, tokenization
 from stackft_jax.data.sentence_task import Example, SentenceTask
 from stackft_jax.data.task_spec import example_key
 from stackft_jax.data.text_files import decoded_lines
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +216,7 @@ class YahooTask(SentenceTask):
 
     def encode(
         self,
-        tokenizer: PreTrainedTokenizerBase,
+        tokenizer: "PreTrainedTokenizerBase",
         examples: Sequence[Example],
         *,
         max_seq_length: int,
