@@ -85,7 +85,23 @@ def case_args(name: str, args: argparse.Namespace) -> list[str]:
 
 
 def directory_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    total = 0
+    for p in path.rglob("*"):
+        try:
+            total += p.stat().st_size if p.is_file() else 0
+        except FileNotFoundError:  # a checkpoint deleted or renamed while being counted
+            pass
+    return total
+
+
+def peak_bytes_while(proc: subprocess.Popen, path: Path, every_s: float = 0.5) -> int:
+    """The largest size of `path` sampled every `every_s` seconds until `proc` exits."""
+    peak = 0
+    while proc.poll() is None:
+        if path.exists():
+            peak = max(peak, directory_bytes(path))
+        time.sleep(every_s)
+    return peak
 
 
 def timed_run(config_args: list[str], workdir: Path, caches: Path, seed: int) -> dict:
@@ -101,10 +117,13 @@ def timed_run(config_args: list[str], workdir: Path, caches: Path, seed: int) ->
         f"--config.compilation_cache_dir={caches / 'jax_compilation_cache'}",
     ]
     launched = time.time()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    wall = time.time() - launched
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log, text=True)
+        checkpoint_peak = peak_bytes_while(proc, workdir / "checkpoints")
+        wall = time.time() - launched
+        if proc.returncode != 0:
+            log.seek(0)
+            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{log.read()[-3000:]}")
     recorded = json.loads((workdir / timing.FILE_NAME).read_text())
     phases = recorded["seconds"]
     seconds = {
@@ -118,13 +137,16 @@ def timed_run(config_args: list[str], workdir: Path, caches: Path, seed: int) ->
     }
     seconds["rest"] = wall - sum(seconds.values())
     results = json.loads((workdir / "results.json").read_text())
+    phase1_s = results["phases"][0]["wall_time_s"]  # its loop, evaluations and checkpoints included
     return {
         "command": " ".join(cmd),
         "wall_s": round(wall, 2),
         "seconds": {k: round(v, 2) for k, v in seconds.items()},
         "gap_evaluation_s": round(phases.get("gap_evaluation", 0.0), 2),
+        "gap_share_of_phase1": round(phases.get("gap_evaluation", 0.0) / phase1_s, 3),
         "outside_steps_share": round(1 - (seconds["train_steps"] + seconds["evaluation"]) / wall, 3),
         "checkpoint_bytes_end": directory_bytes(workdir / "checkpoints"),
+        "checkpoint_bytes_peak": checkpoint_peak,
         "final": results["final"],
         "library_timings": recorded,
     }
@@ -160,14 +182,18 @@ def eval_padding(dev_file: str | Path) -> dict:
 
 
 def table(results: dict) -> str:
-    header = "| run | wall s | " + " | ".join(ROWS) + " | outside steps | checkpoints MB |"
-    lines = [header, "|" + "---|" * (len(ROWS) + 4)]
+    header = (
+        "| run | wall s | " + " | ".join(ROWS) + " | outside steps | gap check / phase 1 "
+        "| checkpoints MB end | peak |"
+    )
+    lines = [header, "|" + "---|" * (len(ROWS) + 6)]
     for name, runs in results.items():
         for kind, run in runs.items():
             cells = " | ".join(f"{run['seconds'][row]:.1f}" for row in ROWS)
             lines.append(
                 f"| {name} {kind} | {run['wall_s']:.1f} | {cells} | {run['outside_steps_share']:.0%} "
-                f"| {run['checkpoint_bytes_end'] / 1e6:.0f} |"
+                f"| {run['gap_share_of_phase1']:.0%} | {run['checkpoint_bytes_end'] / 1e6:.0f} "
+                f"| {run['checkpoint_bytes_peak'] / 1e6:.0f} |"
             )
     return "\n".join(lines)
 

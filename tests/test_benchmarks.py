@@ -271,6 +271,8 @@ def test_time_to_result(tmp_path):
         assert all(run["seconds"][row] > 0 for row in time_to_result.ROWS if row != "rest")
         assert sum(run["seconds"].values()) == pytest.approx(run["wall_s"], abs=0.05)
         assert run["final"]["dev"]["accuracy"] >= 0
+        assert run["checkpoint_bytes_peak"] >= run["checkpoint_bytes_end"] > 0
+        assert 0 < run["gap_share_of_phase1"] < 1
     # The warm run loads its programs from the cold run's persistent cache instead of compiling them.
     assert runs["warm"]["seconds"]["compilation"] < runs["cold"]["seconds"]["compilation"]
 
