@@ -272,6 +272,16 @@ def test_gradual_unfreezing_leaves_still_frozen_layers_bit_identical_at_every_bo
         return tree
 
     for trained_units, name in enumerate(names):
+        # Each boundary stores the units unfrozen so far (the rest are the initial ones, which every phase
+        # end checks against its start's fingerprint), and they differ from their initial values.
+        stored = checkpointing.read_phase_end(tmp_path, name)[0].get("backbone", {})
+        stored_paths = [optim.path_str(path) for path, _ in jax.tree_util.tree_flatten_with_path(stored)[0]]
+        for k, unit in enumerate(units):
+            for path in unit:
+                assert any(p.startswith(path + "/") for p in stored_paths) == (k < trained_units), (
+                    name,
+                    path,
+                )
         backbone = _phase_end_params(tmp_path, name)["backbone"]
         for k, unit in enumerate(units):
             for path in unit:
