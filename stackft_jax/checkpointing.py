@@ -183,8 +183,14 @@ class PhaseCheckpoints:
         if found is None:
             return None
         step, (state, meta) = found
-        if meta.get("frozen_fingerprint") != self.frozen:
-            raise _changed_frozen(str(Path(self.manager.directory) / str(step)))
+        where = Path(self.manager.directory) / str(step)
+        if "frozen_fingerprint" not in meta:
+            raise FrozenParametersChanged(
+                f"{where} was written by a stackft_jax older than checkpoints of trained parameters "
+                "alone: finish the run with that version, or rerun in a new --workdir"
+            )
+        if meta["frozen_fingerprint"] != self.frozen:
+            raise _changed_frozen(str(where))
         return step, {**state, "params": with_trained_part(start_params, state["params"])}, meta
 
     def save(self, step: int, state: dict[str, Any], meta: dict[str, Any]) -> None:
