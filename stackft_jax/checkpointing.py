@@ -79,17 +79,23 @@ def marks_of(params: Any, part: dict[str, Any]) -> Any:
     return jax.tree_util.tree_map_with_path(lambda path, _: path_str(path) in names, params)
 
 
-def frozen_fingerprint(params: Any, trained: Any) -> str:
-    """A hash of the leaves `trained` does not mark: names, shapes, dtypes and bytes."""
-    h = hashlib.blake2b(digest_size=16)
-    marks = jax.tree.leaves(trained)
-    for (path, leaf), is_trained in zip(jax.tree_util.tree_flatten_with_path(params)[0], marks, strict=True):
-        if is_trained:
+def hash_leaves(h: Any, tree: Any, skip: Any = None) -> None:
+    """Feeds `h` (a hashlib object) every leaf of `tree` (names, dtypes, shapes and bytes), but those
+    that `skip` (a bool per leaf) marks."""
+    marks = jax.tree.leaves(skip) if skip is not None else None
+    for i, (path, leaf) in enumerate(jax.tree_util.tree_flatten_with_path(tree)[0]):
+        if marks is not None and marks[i]:
             continue
         # addressable_data(0): a replicated array's local copy, also on multi-host meshes.
         array = np.asarray(leaf.addressable_data(0) if isinstance(leaf, jax.Array) else leaf)
         h.update(f"{jax.tree_util.keystr(path)}|{array.dtype}|{array.shape}".encode())
         h.update(np.ascontiguousarray(array).tobytes())
+
+
+def frozen_fingerprint(params: Any, trained: Any) -> str:
+    """A hash of the leaves `trained` does not mark: names, shapes, dtypes and bytes."""
+    h = hashlib.blake2b(digest_size=16)
+    hash_leaves(h, params, skip=trained)
     return h.hexdigest()
 
 

@@ -48,7 +48,7 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
-from stackft_jax import sharding, steps
+from stackft_jax import checkpointing, sharding, steps
 from stackft_jax.data import batching
 
 log = logging.getLogger(__name__)
@@ -185,11 +185,7 @@ def _fingerprint(
         f"v{_VERSION}|all_layers={all_layers}|{dtype}|{architecture}|compute "
         f"{np.dtype(backbone.dtype).name}|{batch_shapes}".encode()
     )
-    for path, leaf in jax.tree_util.tree_flatten_with_path(params["backbone"])[0]:
-        # addressable_data(0): a replicated array's local copy, also on multi-host meshes.
-        array = np.asarray(leaf.addressable_data(0) if isinstance(leaf, jax.Array) else leaf)
-        h.update(f"{jax.tree_util.keystr(path)}|{array.dtype}|{array.shape}".encode())
-        h.update(np.ascontiguousarray(array).tobytes())
+    checkpointing.hash_leaves(h, params["backbone"])
     for array in (ds["input_ids"], ds["token_type_ids"], ds["lengths"]):
         h.update(f"{array.dtype}|{array.shape}".encode())
         h.update(np.ascontiguousarray(array).tobytes())
