@@ -4,7 +4,8 @@ Keys that form the interface (see README, "Configuration"):
   model.name_or_path         hub id (bert-base-uncased), local folder, or "embedded:minilm"
   data.task                  qqp | mrpc | stsb | sst2 | conll2003 | yahoo_answers
   data.train_file / dev_file / test_file   local files; unset -> the Hugging Face dataset
-  strategy                   finetune_only | stack_only | stack_and_finetune | gradual_unfreezing | lp_ft,
+  strategy                   finetune_only | finetune_only_uniform | stack_only | stack_and_finetune |
+                             gradual_unfreezing | lp_ft,
                              or the name of the schedule written in `phases`
   phases                     a list of phase blocks (stackft_jax/phases.py); empty: the strategy's preset
   seed, max_seq_length, per_device_batch_size (global batch = per-device x device count)
@@ -25,8 +26,8 @@ from stackft_jax.models.heads import default_head_configs
 def get_config() -> ml_collections.ConfigDict:
     # Every key has a comment (`--show_config` prints them): at the end of its line, or just above it.
     c = ml_collections.ConfigDict()
-    # A preset: finetune_only | stack_only | stack_and_finetune | gradual_unfreezing | lp_ft (stackft_jax/
-    # phases.py); with `phases` written, the name of that schedule.
+    # A preset: finetune_only | finetune_only_uniform | stack_only | stack_and_finetune |
+    # gradual_unfreezing | lp_ft (stackft_jax/phases.py); with `phases` written, the name of that schedule.
     c.strategy = "stack_and_finetune"
     c.phases = []  # the schedule as a list of phases.block(...) (a config file writes it); []: the preset
     c.seed = 0  # parameter init, data order and dropout
@@ -90,7 +91,10 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.phase2 = ml_collections.ConfigDict()  # the all-parameters phase (finetune_only, and s&f's second)
     c.phase2.backbone_learning_rate = 2e-5  # peak learning rate of BERT
-    c.phase2.head_learning_rate = 0.0  # 0: same as backbone_learning_rate
+    # 0: new_head_learning_rate for a head that starts the phase untrained (finetune_only), BERT's rate
+    # for one an earlier phase trained (stack-and-finetune's phase 2); > 0: this rate for the head always.
+    c.phase2.head_learning_rate = 0.0
+    c.phase2.new_head_learning_rate = 1e-3  # a new head's rate (docs/finetune_collapse.md)
     c.phase2.layerwise_lr_decay = 1.0  # < 1: discriminative learning rates per BERT layer
     c.phase2.num_steps = 0  # step budget; 0: use num_epochs
     c.phase2.num_epochs = 3.0  # budget in epochs when num_steps is 0

@@ -9,7 +9,13 @@ A config file writes its own schedule as `config.phases`, a list of `block(...)`
 `three_phases`); `config.strategy` then names it in reports. Left empty, `config.strategy` names a
 preset that expands to such a list:
 
-- `finetune_only`      `finetune` (phase2.*): BERT + head all train from step 0.
+- `finetune_only`      `finetune` (phase2.*): BERT + head all train from step 0; the new, randomly
+                       initialised head at its own rate (`phase2.new_head_learning_rate`), as BERT
+                       recipes for new heads do: at BERT's low rate Adam moves a new head by at most
+                       about that rate per step, so a BiLSTM head barely leaves its initialisation in a
+                       short budget and predicts the majority class (docs/finetune_collapse.md).
+- `finetune_only_uniform` the same with the head at BERT's rate (Devlin et al.'s and Wang et al.'s one
+                       rate for every parameter), kept by name so a grid can show both baselines.
 - `stack_only`         `stack` (phase1.*): the backbone stays frozen; a learned scalar mix of all layers
                        feeds the head when `model.scalar_mix` is on (Peters et al. 2019).
 - `stack_and_finetune` `phase1` (phase1.*: backbone frozen, head lr ~1e-3, stop before the head
@@ -174,7 +180,19 @@ def backbone_learning_rates(peak: float, num_layers: int, layerwise_lr_decay: fl
     return rates
 
 
-def _everything_block(name: str, config: ml_collections.ConfigDict, num_layers: int):
+def head_rate(config: ml_collections.ConfigDict, *, head_is_new: bool) -> float:
+    """The head's rate in an all-parameters phase: `phase2.head_learning_rate` when set; otherwise
+    `phase2.new_head_learning_rate` for a head no earlier phase trained, and BERT's own rate for one
+    that was (stack-and-finetune's phase 2: Wang et al.'s one low rate for everything)."""
+    p2 = config.phase2
+    if p2.head_learning_rate:
+        return p2.head_learning_rate
+    return p2.new_head_learning_rate if head_is_new else p2.backbone_learning_rate
+
+
+def _everything_block(
+    name: str, config: ml_collections.ConfigDict, num_layers: int, *, head_rate: float
+) -> ml_collections.ConfigDict:
     """phase2.* as a phase: the backbone (per-layer groups when layerwise_lr_decay < 1) and the head."""
     p2 = config.phase2
     return block(
@@ -182,7 +200,7 @@ def _everything_block(name: str, config: ml_collections.ConfigDict, num_layers: 
         rules=[*backbone_rules(num_layers, p2.layerwise_lr_decay), ("head/.*", "head")],
         learning_rates={
             **backbone_learning_rates(p2.backbone_learning_rate, num_layers, p2.layerwise_lr_decay),
-            "head": p2.head_learning_rate or p2.backbone_learning_rate,
+            "head": head_rate,
         },
         **{key: p2[key] for key in ("num_steps", "num_epochs", "warmup_steps", "warmup_ratio")},
         **{key: p2[key] for key in ("schedule", "weight_decay", "patience_evals")},
@@ -190,7 +208,13 @@ def _everything_block(name: str, config: ml_collections.ConfigDict, num_layers: 
 
 
 def _finetune_only(config, num_layers):
-    return [(_everything_block("finetune", config, num_layers), "config.phase2")]
+    block_ = _everything_block("finetune", config, num_layers, head_rate=head_rate(config, head_is_new=True))
+    return [(block_, "config.phase2")]
+
+
+def _finetune_only_uniform(config, num_layers):
+    rate = config.phase2.head_learning_rate or config.phase2.backbone_learning_rate
+    return [(_everything_block("finetune", config, num_layers, head_rate=rate), "config.phase2")]
 
 
 def _stack_only(config, num_layers):
@@ -202,7 +226,10 @@ def _stack_only(config, num_layers):
 def _stack_and_finetune(config, num_layers):
     return [
         (_frozen_backbone_block("phase1", config, guard=True), "config.phase1"),
-        (_everything_block("phase2", config, num_layers), "config.phase2"),
+        (
+            _everything_block("phase2", config, num_layers, head_rate=head_rate(config, head_is_new=False)),
+            "config.phase2",
+        ),
     ]
 
 
@@ -220,7 +247,7 @@ def _gradual_unfreezing(config, num_layers):
         },
         "backbone_embeddings": p2.backbone_learning_rate * u.layerwise_lr_decay ** (num_layers + 1),
     }
-    head_rate = p2.head_learning_rate or p2.backbone_learning_rate
+    head_lr = head_rate(config, head_is_new=False)  # the first phase trained it
     plan = [(_frozen_backbone_block("head", config, guard=True), "config.phase1")]
     for end in range(u.layers_per_phase, len(units) + u.layers_per_phase, u.layers_per_phase):
         unfrozen = [rule for unit in units[:end] for rule in unit]
@@ -236,7 +263,7 @@ def _gradual_unfreezing(config, num_layers):
         phase = block(
             f"unfreeze_{lowest}",
             rules=[*unfrozen, *([] if last else [("backbone/.*", FROZEN)]), ("head/.*", "head")],
-            learning_rates={**{g: rates[g] for g in rates if g in groups}, "head": head_rate},
+            learning_rates={**{g: rates[g] for g in rates if g in groups}, "head": head_lr},
             **options,
         )
         plan.append((phase, "config.phase2" if last else "config.unfreezing"))
@@ -246,13 +273,17 @@ def _gradual_unfreezing(config, num_layers):
 def _lp_ft(config, num_layers):
     return [
         (_frozen_backbone_block("linear_probe", config, guard=False), "config.phase1"),
-        (_everything_block("finetune", config, num_layers), "config.phase2"),
+        (
+            _everything_block("finetune", config, num_layers, head_rate=head_rate(config, head_is_new=False)),
+            "config.phase2",
+        ),
     ]
 
 
 # name -> (config, number of BERT layers) -> [(phase block, the config keys it comes from)]
 PRESETS: dict[str, Callable] = {
     "finetune_only": _finetune_only,
+    "finetune_only_uniform": _finetune_only_uniform,
     "stack_only": _stack_only,
     "stack_and_finetune": _stack_and_finetune,
     "gradual_unfreezing": _gradual_unfreezing,
