@@ -45,7 +45,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.base = "configs/quora.py"  # the experiment config every run starts from: FILE.py[:presets,key=value]
     c.axes = (  # "key=value|value|...; key=..." over any config keys
-        "strategy=finetune_only|stack_only|stack_and_finetune; "
+        "strategy=finetune_only|finetune_only_uniform|stack_only|stack_and_finetune; "
         "head.name=cls_mlp|bimpm|bimpm_no_context|sim_transformer"
     )
     c.ensembles = ""  # runs averaged, per seed and other axes' values: "head.name=bimpm+sim_transformer"
