@@ -7,6 +7,7 @@ uninterrupted one's."""
 import json
 import math
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,27 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [json_safe(v) for v in value]
     return value
+
+
+def train_scalars(workdir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """The `train/...` scalars a run logged to TensorBoard (loss, gradient and update norms by part, ...)
+    as {name: [(global step, value), ...]}, read from WORKDIR/tensorboard's event files (TFRecords of
+    Event protos); a resumed run's repeated steps keep their last value."""
+    from tensorboardX.proto import event_pb2
+
+    scalars: dict[str, dict[int, float]] = {}
+    for events in sorted((Path(workdir) / "tensorboard").glob("events.out.tfevents.*")):
+        data = events.read_bytes()
+        offset = 0
+        while offset + 12 <= len(data):  # length (8 bytes), its CRC (4), the record, its CRC (4)
+            (length,) = struct.unpack("<Q", data[offset : offset + 8])
+            record = data[offset + 12 : offset + 12 + length]
+            offset += 12 + length + 4
+            event = event_pb2.Event.FromString(record)
+            for value in event.summary.value:
+                if value.tag.startswith("train/"):
+                    scalars.setdefault(value.tag.removeprefix("train/"), {})[event.step] = value.simple_value
+    return {name: sorted(by_step.items()) for name, by_step in scalars.items()}
 
 
 class RunReport:

@@ -89,7 +89,12 @@ def train_step(
         lambda t, old, new: jnp.where(healthy, new, old) if t else old, trainable, state.params, stepped
     )
     opt_state = jax.tree.map(lambda new, old: jnp.where(healthy, new, old), opt_state, state.opt_state)
-    metrics = {"loss": loss, "grad_norm": grad_norm, **stats}
+    metrics = {
+        "loss": loss,
+        "grad_norm": grad_norm,
+        **stats,
+        **_norms_by_part(trainable, grads, state.params, params),
+    }
     new_state = TrainState(
         step=state.step + 1,
         params=params,
@@ -97,6 +102,23 @@ def train_step(
         first_nonfinite_step=first_nonfinite_step,
     )
     return new_state, metrics
+
+
+def _norms_by_part(trainable: Any, grads: Any, old: Any, new: Any) -> dict[str, jax.Array]:
+    """`grad_norm/<part>` and `update_norm/<part>` (the step's parameter change) for each top-level
+    part (`backbone`, `head`) that trains: a new head at BERT's rate barely moves, which these show
+    from the first steps (docs/finetune_collapse.md)."""
+    norms = {}
+    for part in trainable:
+        if not any(jax.tree.leaves(trainable[part])):
+            continue
+        mask = trainable[part]
+        norms[f"grad_norm/{part}"] = optax.tree.norm(
+            jax.tree.map(lambda t, g: g if t else None, mask, grads[part])
+        )
+        change = jax.tree.map(lambda t, a, b: b - a if t else None, mask, old[part], new[part])
+        norms[f"update_norm/{part}"] = optax.tree.norm(change)
+    return norms
 
 
 def eval_step(params: Any, batch: Batch, *, graphdef: nnx.GraphDef, objective: Objective) -> dict[str, Any]:

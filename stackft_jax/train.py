@@ -420,6 +420,11 @@ def run_phase(
                 "loss": loss,
                 "grad_norm": float(np.mean([m["grad_norm"] for m in host])),
                 "examples_per_s": rate,
+                **{
+                    key: float(np.mean([m[key] for m in host]))
+                    for key in host[0]
+                    if key.startswith(("grad_norm/", "update_norm/"))
+                },
             }
             if "correct" in host[0]:  # objectives whose predictions are right or wrong
                 train_stats["running_accuracy"] = sum(float(m["correct"]) for m in host) / sum(
