@@ -35,9 +35,9 @@ CASES = {
     "sim_transformer_new_head": ["strategy=finetune_only", "head.name=sim_transformer"],
     "cls_mlp_uniform": ["strategy=finetune_only_uniform", "head.name=cls_mlp"],
 }
-QUICK_CASES = {
-    "tiny_uniform": ["strategy=finetune_only_uniform"],
-    "tiny_new_head": ["strategy=finetune_only"],
+QUICK_CASES = {  # BERT's rate below the tiny config's, so that the two head rates differ
+    "tiny_uniform": ["strategy=finetune_only_uniform", "phase2.backbone_learning_rate=1e-5"],
+    "tiny_new_head": ["strategy=finetune_only", "phase2.backbone_learning_rate=1e-5"],
 }
 
 
@@ -110,7 +110,7 @@ def write_figures(measured: dict[str, dict], out: Path) -> list[Path]:
     return written
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -120,7 +120,7 @@ def main() -> None:
     parser.add_argument("--runs", default="benchmarks/out/finetune_collapse", help="the cases' workdirs")
     parser.add_argument("--out", default="benchmarks/out/finetune_collapse.json", help="the JSON written")
     parser.add_argument("--figures", default="", help="folder for the figures ('' : none)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     available = QUICK_CASES if args.quick else CASES
     names = [n for n in args.cases.split(",") if n] or list(available)
     unknown = [n for n in names if n not in available]
@@ -161,7 +161,7 @@ def main() -> None:
     )
     table += "\n\nNorms: means over the first 10 steps (|g| gradient, |du| the step's parameter change)."
     figures = write_figures(measured, Path(args.figures)) if args.figures else []
-    finish("finetune_collapse", args, info, measured, table, figures=[str(f) for f in figures])
+    return finish("finetune_collapse", args, info, measured, table, figures=[str(f) for f in figures])
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from benchmarks import (
     cases,
     compile_count,
     feature_cache,
+    finetune_collapse,
     flops,
     gemm,
     grid_sharing,
@@ -285,3 +286,19 @@ def test_grid_sharing(tmp_path):
     assert len(shared["runs"]) == len(per_run["runs"]) == 2
     # The two cells of seed 0 read one train and one dev cache; alone, each run builds its own two.
     assert (shared["caches_built"], per_run["caches_built"]) == (2, 4)
+
+
+def test_finetune_collapse(tmp_path):
+    out = tmp_path / "finetune_collapse.json"
+    payload = finetune_collapse.main(
+        ["--quick", f"--runs={tmp_path / 'runs'}", f"--out={out}", "--eval-every=2"]
+    )
+    cases = _read(out)["results"]
+    assert set(cases) == set(payload["results"]) == {"tiny_uniform", "tiny_new_head"}
+    uniform, new_head = cases["tiny_uniform"], cases["tiny_new_head"]
+    assert (uniform["head_learning_rate"], new_head["head_learning_rate"]) == (1e-5, 1e-3)
+    assert [step for step, _, _ in uniform["dev_curve"]] == [2, 4]
+    # Adam moves each parameter by about its rate per step: the new head's first step is ~100x larger.
+    first_update = {name: case["train"]["update_norm/head"][0][1] for name, case in cases.items()}
+    assert first_update["tiny_new_head"] > 30 * first_update["tiny_uniform"]
+    assert 0 <= uniform["dev_predicted_positive"] <= 1

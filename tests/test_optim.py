@@ -34,9 +34,7 @@ def _flat(tree):
 
 
 def test_labels_follow_first_matching_rule():
-    labels = _flat(
-        optim.label_params(_params(), [("backbone/.*", optim.FROZEN), ("head/.*", "head")])
-    )
+    labels = _flat(optim.label_params(_params(), [("backbone/.*", optim.FROZEN), ("head/.*", "head")]))
     assert labels["backbone/layers/0/attention/query/kernel"] == optim.FROZEN
     assert labels["backbone/embeddings/layer_norm/scale"] == optim.FROZEN
     assert labels["head/net/hidden/kernel"] == "head"
@@ -114,9 +112,7 @@ def test_clipping_sees_only_trainable_leaves():
     small = jax.tree.map(jnp.ones_like, params)
     a, _ = tx.update(grads, tx.init(params), params)
     b, _ = tx.update(small, tx.init(params), params)
-    np.testing.assert_array_equal(
-        _flat(a)["head/net/hidden/kernel"], _flat(b)["head/net/hidden/kernel"]
-    )
+    np.testing.assert_array_equal(_flat(a)["head/net/hidden/kernel"], _flat(b)["head/net/hidden/kernel"])
 
 
 def test_strategies_as_data():
@@ -132,6 +128,24 @@ def test_strategies_as_data():
     assert both[1].learning_rates == {"backbone": 1e-3, "head": 1e-3}
     with pytest.raises(ValueError, match="config.strategy"):
         phases.phases_for(_cfg("tune_everything"), 10, 2)
+
+
+def test_a_new_head_gets_its_own_rate_and_the_uniform_baseline_keeps_berts():
+    config = _cfg("finetune_only")
+    config.phase2.backbone_learning_rate = 5e-5
+    config.phase2.new_head_learning_rate = 1e-3
+    assert phases.phases_for(config, 10, 2)[0].learning_rates == {"backbone": 5e-5, "head": 1e-3}
+    config.strategy = "finetune_only_uniform"
+    assert phases.phases_for(config, 10, 2)[0].learning_rates == {"backbone": 5e-5, "head": 5e-5}
+    # A head an earlier phase trained fine-tunes at BERT's rate (Wang et al.'s phase 2, LP-FT, ULMFiT).
+    for strategy in ("stack_and_finetune", "lp_ft", "gradual_unfreezing"):
+        config.strategy = strategy
+        assert phases.phases_for(config, 10, 2)[-1].learning_rates["head"] == 5e-5
+    # An explicit head rate wins everywhere.
+    config.phase2.head_learning_rate = 3e-4
+    for strategy in ("finetune_only", "finetune_only_uniform", "stack_and_finetune"):
+        config.strategy = strategy
+        assert phases.phases_for(config, 10, 2)[-1].learning_rates["head"] == 3e-4
 
 
 def _cfg(strategy):

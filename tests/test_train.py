@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from configs import quora, tiny
-from stackft_jax import checkpointing, predictions, preemption, run_params, sharding, train
+from stackft_jax import checkpointing, predictions, preemption, report, run_params, sharding, train
 from stackft_jax.data import glue, tasks
 from stackft_jax.models import bert
 
@@ -57,7 +57,13 @@ def test_outputs(uninterrupted):
         ("phase2", 3, "dev"),
         ("phase2", 6, "dev"),
     }
-    assert list((uninterrupted / "tensorboard").glob("events.out.tfevents.*"))
+    # Train scalars, read back: the head moves in both phases, the frozen backbone only in phase 2.
+    scalars = report.train_scalars(uninterrupted)
+    phase1_steps = results["phases"][0]["steps"]
+    assert [step for step, _ in scalars["loss"]] == list(range(2, 13, 2))  # log_every_steps=2
+    assert all(value > 0 for _, value in scalars["update_norm/head"])
+    assert [step for step, _ in scalars["update_norm/backbone"]] == list(range(phase1_steps + 2, 13, 2))
+    assert all(value > 0 for _, value in scalars["update_norm/backbone"] + scalars["grad_norm/backbone"])
     # The final dev predictions, one record per dev example in file order, agree with the final scores.
     dev = list(predictions.read(predictions.path(uninterrupted, "dev")).values())
     examples = glue.read_qqp(tiny.FIXTURES / "qqp" / "dev.tsv", config_key="data.dev_file")
