@@ -1,0 +1,58 @@
+"""Pilot learning curves that size the paper grids' CPU presets: the dev metric against examples seen,
+for finetune-only and stack-and-finetune, the cheapest head and one paper head, one seed, with a
+fine-tuning budget several times the grid's and dense dev evaluations.
+
+  python -m stackft_jax.experiment --config=configs/experiments/pilot.py:qqp \
+    --workdir=docs/grids/pilot_qqp
+  python -m stackft_jax.experiment --config=configs/experiments/pilot.py:conll \
+    --workdir=docs/grids/pilot_conll
+  python -m stackft_jax.experiment --config=configs/experiments/pilot.py:yahoo \
+    --workdir=docs/grids/pilot_yahoo
+
+Each report's figures/dev_curves.png is the curve (global step x the batch of 16 or 32 = examples seen;
+stack-and-finetune's head-only steps come first, dashed line at the boundary). A grid's preset is
+sized where the finetune-only curve flattens or at the CPU budget its docstring states, whichever
+comes first.
+"""
+
+import ml_collections
+
+from configs.experiments import paper_conll, paper_qqp, paper_yahoo
+from stackft_jax import config_cli
+
+
+def qqp(c: ml_collections.ConfigDict) -> None:
+    """paper_qqp.py:small's runs with 8x its 60 fine-tuning steps (7,680 pairs), dev every 60 steps."""
+    paper_qqp.small(c)
+    c.base += ",phase2.num_steps=480,eval_every_steps=60"
+    c.axes = "strategy=finetune_only|stack_and_finetune; head.name=cls_mlp|bimpm"
+
+
+def conll(c: ml_collections.ConfigDict) -> None:
+    """paper_conll.py:small's runs with two epochs of fine-tuning (878 steps of 32), dev every 110."""
+    paper_conll.small(c)
+    c.base += ",phase2.num_steps=878,eval_every_steps=110"
+    c.axes = "strategy=finetune_only|stack_and_finetune; head.name=token_mlp|bilstm_crf"
+    c.metric = "f1"
+
+
+def yahoo(c: ml_collections.ConfigDict) -> None:
+    """paper_yahoo.py:small's runs with 4x its 150 fine-tuning steps (2.7 epochs of 3,600), dev every 50."""
+    paper_yahoo.small(c)
+    c.base += ",phase2.num_steps=600,eval_every_steps=50"
+    c.axes = "strategy=finetune_only|stack_and_finetune; head.name=cls_mlp|densenet"
+    c.ensembles = ""
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.base = ""  # set by the task's preset (qqp, conll or yahoo): that paper grid's CPU-sized runs
+    c.axes = ""  # the preset's strategies x heads
+    c.ensembles = ""  # none: a pilot measures single runs
+    c.num_seeds = 1  # one seed: a curve's shape, not a comparison
+    c.baseline = "strategy=finetune_only"  # the cell the other strategy is compared with
+    c.metric = "accuracy"  # the preset's dev metric (conll: entity F1)
+    config_cli.apply_items(c, arg, {"qqp": qqp, "conll": conll, "yahoo": yahoo})
+    if not c.base:
+        raise config_cli.ConfigError("configs/experiments/pilot.py: name a task preset, e.g. pilot.py:qqp")
+    return c
