@@ -158,6 +158,31 @@ def test_peters_glue_grids_build_every_cell(preset):
     assert (frozen.data.train_file or "").startswith("../shared/data/glue/") == small
 
 
+@pytest.mark.parametrize(
+    "task, grid_file, heads",
+    [
+        ("qqp", "paper_qqp", {"cls_mlp", "bimpm"}),
+        ("conll", "paper_conll", {"token_mlp", "bilstm_crf"}),
+        ("yahoo", "paper_yahoo", {"cls_mlp", "densenet"}),
+    ],
+)
+def test_pilot_curves_extend_the_paper_grids_runs(task, grid_file, heads):
+    g = config_cli.load(f"configs/experiments/pilot.py:{task}", [])
+    paper = config_cli.load(f"configs/experiments/{grid_file}.py:small", [])
+    reference = grid.run_config(paper, grid.runs_of(paper)[0])
+    configs = [grid.run_config(g, run) for run in grid.runs_of(g)]
+    assert g.num_seeds == 1 and {(c.strategy, c.head.name) for c in configs} == {
+        (s, h) for s in ("finetune_only", "stack_and_finetune") for h in heads
+    }
+    for c in configs:  # the grid's runs, data and phase 1, with a longer fine-tuning budget
+        assert (c.data.train_file, c.data.dev_file) == (reference.data.train_file, reference.data.dev_file)
+        assert c.phase1.num_steps == reference.phase1.num_steps
+        grid_steps = reference.phase2.num_steps or 439  # paper_conll's one epoch of 32 sentences
+        assert c.phase2.num_steps >= 2 * grid_steps and c.eval_every_steps < c.phase2.num_steps / 4
+    with pytest.raises(config_cli.ConfigError, match="name a task preset"):
+        config_cli.load("configs/experiments/pilot.py", [])
+
+
 @pytest.mark.parametrize("preset", ["", "small"])
 def test_phase1_length_grid_varies_phase1_alone(preset):
     g = config_cli.load("configs/experiments/phase1_length.py" + (f":{preset}" if preset else ""), [])
