@@ -22,6 +22,7 @@ Written to WORKDIR/report.md and WORKDIR/report.json.
 
 import collections
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -34,11 +35,11 @@ import ml_collections
 import numpy as np
 import scipy.stats
 
-from stackft_jax import config_cli, ensemble, predictions
+from stackft_jax import config_cli, degenerate, ensemble, predictions
+from stackft_jax import statistics as array_statistics
 from stackft_jax.grid import Run, baseline_of, check_ensembles, ensembles_of, run_config, runs_of
 from stackft_jax.report import json_safe
 
-BOOTSTRAP_SAMPLES = 1000
 ASO_ITERATIONS = 1000  # deepsig's default; each costs a few ms
 
 
@@ -46,12 +47,29 @@ ASO_ITERATIONS = 1000  # deepsig's default; each costs a few ms
 class RunResult:
     run: Run
     results: dict[str, Any]
-    dev_predictions: Path
+    folder: Path  # results.json and predictions/: the run's workdir, or the ensemble's folder
     metrics_file: Path | None  # None for an ensemble: no dev curve
+
+    @property
+    def dev_predictions(self) -> Path:
+        return predictions.path(self.folder, "dev")
 
     def score(self, split: str, metric: str) -> float | None:
         value = self.results["final"].get(split, {}).get(metric)
         return None if value is None else float(value)
+
+    @functools.cached_property
+    def _records(self) -> dict[str, list[dict[str, Any]]]:
+        files = {split: predictions.path(self.folder, split) for split in self.results["final"]}
+        return {
+            split: list(predictions.read(file).values()) for split, file in files.items() if file.is_file()
+        }
+
+    def degenerate(self, split: str) -> list[str]:
+        """The split's degenerate flags, recomputed from its prediction file (ensembles and runs from
+        before results.json held them are judged the same way); [] when it was not scored."""
+        records = self._records.get(split)
+        return [] if records is None else degenerate.flags(records, self.results["final"][split])
 
 
 def load_runs(grid: ml_collections.ConfigDict, workdir: str | Path) -> list[RunResult]:
@@ -63,7 +81,7 @@ def load_runs(grid: ml_collections.ConfigDict, workdir: str | Path) -> list[RunR
         if not results_file.exists():
             raise FileNotFoundError(f"{results_file}: run {run.name} has not finished; rerun the grid")
         results = json.loads(results_file.read_text())
-        loaded.append(RunResult(run, results, predictions.path(run_dir, "dev"), run_dir / "metrics.jsonl"))
+        loaded.append(RunResult(run, results, run_dir, run_dir / "metrics.jsonl"))
     return loaded
 
 
@@ -93,7 +111,7 @@ def build_ensembles(grid: ml_collections.ConfigDict, workdir: str | Path) -> lis
         out = workdir / "ensembles" / e.run.name
         _write_ensemble(out, ensembled)
         results = {"final": ensembled["ensemble"], "members": [m.name for m in e.members]}
-        built.append(RunResult(e.run, results, predictions.path(out, "dev"), None))
+        built.append(RunResult(e.run, results, out, None))
     return built
 
 
@@ -122,8 +140,56 @@ def cell_statistics(runs: list[RunResult], metric: str) -> list[dict[str, Any]]:
             values = [v for v in scores if v is not None and math.isfinite(v)]
             if values:
                 entry[split] = _interval(values)
+            flagged = _flag_counts(members, split)
+            if flagged:
+                entry.setdefault("degenerate", {})[split] = flagged
         cells.append(entry)
     return cells
+
+
+COST_MEASURES = ("train_steps", "examples_seen", "wall_time_s")
+TIMINGS_FILE = "timings.json"  # timing.FILE_NAME; importing timing would start jax
+
+
+def _cost(r: RunResult, by_name: dict[str, RunResult]) -> dict[str, float] | None:
+    """What one run cost (results.json; timings.json's total for the wall time of runs from before
+    results.json kept it); an ensemble costs its members together."""
+    if "members" in r.results:
+        parts = [_cost(by_name[name], by_name) for name in r.results["members"]]
+        return None if None in parts else {m: sum(part[m] for part in parts) for m in COST_MEASURES}
+    results = r.results
+    steps = results.get("train_steps", sum(phase["steps"] for phase in results["phases"]))
+    examples = results.get("examples_seen")
+    if examples is None and "global_batch_size" in results:
+        examples = steps * results["global_batch_size"]
+    wall = results.get("wall_time_s")
+    timings = r.folder / TIMINGS_FILE
+    if wall is None and timings.is_file():
+        wall = json.loads(timings.read_text())["total_s"]
+    if examples is None or wall is None:
+        return None
+    return {"train_steps": steps, "examples_seen": examples, "wall_time_s": wall}
+
+
+def cost_statistics(runs: list[RunResult], ensembles: list[RunResult]) -> list[dict[str, Any]]:
+    """Per cell, the mean over seeds of train steps, training examples seen and wall seconds (training
+    and evaluation, every process lifetime), and their sum over seeds."""
+    by_name = {r.run.name: r for r in runs}
+    by_cell: dict[tuple, list[dict]] = collections.defaultdict(list)
+    names = {}
+    for r in runs + ensembles:
+        cost = _cost(r, by_name)
+        names[r.run.cell] = r.run.cell_name
+        if cost is not None:
+            by_cell[r.run.cell].append(cost)
+    rows = []
+    for cell, costs in by_cell.items():
+        row: dict[str, Any] = {"cell": dict(cell), "name": names[cell], "n": len(costs)}
+        for measure in COST_MEASURES:
+            row[measure] = {"mean": statistics.mean(c[measure] for c in costs),
+                            "total": sum(c[measure] for c in costs)}  # fmt: skip
+        rows.append(row)
+    return rows
 
 
 BOUNDARY_MEASURES = ("head_param_norm", "dev_ece")
@@ -151,49 +217,72 @@ def boundary_statistics(runs: list[RunResult], metric: str) -> list[dict[str, An
     return rows
 
 
-def _example_scores(records: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray] | None:
-    """(correct, weight) per example: classification 1/0 per example; tagging correct words and words
-    per sentence; None for regression (no per-example accuracy)."""
-    first = records[0]
-    if isinstance(first["label"], list):
-        correct = [sum(p == g for p, g in zip(r["prediction"], r["label"], strict=True)) for r in records]
-        return np.asarray(correct, float), np.asarray([len(r["label"]) for r in records], float)
-    if "probabilities" not in first:
-        return None
-    return np.asarray([r["prediction"] == r["label"] for r in records], float), np.ones(len(records))
+TESTS = ("t_test", "wilcoxon", "sign_flip")  # seed-level, each Holm-corrected across the table
+ALPHA = 0.05
 
 
-def paired_bootstrap(
-    cell_files: list[Path], baseline_files: list[Path], *, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0
-) -> dict[str, float] | None:
-    """Accuracy difference (cell - baseline, averaged over the seeds' run pairs) with a 95% percentile
-    interval and a two-sided p over `samples` resamples of the dev examples, the same resample for
-    every seed. None when the task has no per-example accuracy (regression)."""
-    differences_by_seed = []
-    weights = None
-    for cell_file, baseline_file in zip(cell_files, baseline_files, strict=True):
-        pairs = predictions.paired(cell_file, baseline_file)
-        ours = _example_scores([a for a, _ in pairs])
-        theirs = _example_scores([b for _, b in pairs])
-        if ours is None or theirs is None:
+def _flag_counts(runs: list[RunResult], split: str) -> dict[str, int]:
+    """How many of the runs raise each degenerate flag on `split` (degenerate.py)."""
+    counts = collections.Counter(flag for r in runs for flag in r.degenerate(split))
+    return {flag: counts[flag] for flag in degenerate.FLAGS if counts[flag]}
+
+
+def _paired_counts(
+    ours: list[RunResult], theirs: list[RunResult], split: str, metric: str
+) -> tuple[np.ndarray, np.ndarray, Any] | None:
+    """Per-example counts of `metric` [seeds, examples, k] of both sides, paired by example key, and the
+    metric of their totals; None when a side has no labelled `split` predictions or the metric is no
+    function of sums (array_statistics.example_counts)."""
+    cell_counts, baseline_counts, metric_of_totals = [], [], None
+    for a, b in zip(ours, theirs, strict=True):
+        files = [predictions.path(r.folder, split) for r in (a, b)]
+        if not all(f.is_file() for f in files):
             return None
-        differences_by_seed.append(ours[0] - theirs[0])
-        weights = ours[1]
-    differences = np.mean(differences_by_seed, axis=0)  # per example, averaged over seeds
-    rng = np.random.default_rng(seed)
-    index = rng.integers(0, len(differences), size=(samples, len(differences)))
-    resampled = differences[index].sum(axis=1) / weights[index].sum(axis=1)
-    observed = float(differences.sum() / weights.sum())
-    p = 2 * min(np.mean(resampled <= 0), np.mean(resampled >= 0))
-    low, high = np.percentile(resampled, [2.5, 97.5])
-    return {"difference": observed, "ci95_low": float(low), "ci95_high": float(high),
-            "p_value": float(min(p, 1.0)), "samples": samples}  # fmt: skip
+        pairs = predictions.paired(*files)
+        if "label" not in pairs[0][0]:
+            return None
+        x = array_statistics.example_counts([r for r, _ in pairs], metric)
+        y = array_statistics.example_counts([r for _, r in pairs], metric)
+        if x is None or y is None:
+            return None
+        cell_counts.append(x.counts)
+        baseline_counts.append(y.counts)
+        metric_of_totals = x.metric
+    return np.stack(cell_counts), np.stack(baseline_counts), metric_of_totals
+
+
+def _bootstrap(ours: list[RunResult], theirs: list[RunResult], split: str, metric: str) -> dict | None:
+    paired = _paired_counts(ours, theirs, split, metric)
+    if paired is None:
+        return None
+    return array_statistics.two_level_bootstrap(*paired)
+
+
+def _seed_tests(ours: list[float], theirs: list[float], aso_iterations: int) -> dict[str, float | None]:
+    from deepsig import aso
+
+    differences = [a - b for a, b in zip(ours, theirs, strict=True)]
+    tests: dict[str, float | None] = {f"{t}_p": None for t in TESTS} | {"aso_epsilon": None}
+    # Seed-level tests need pairs: one seed would give Wilcoxon p = 1 and ASO 0 (not evidence).
+    if len(ours) < 2:
+        return tests
+    if len(set(differences)) > 1:
+        tests["t_test_p"] = float(scipy.stats.ttest_rel(ours, theirs).pvalue)
+    if any(differences):
+        tests["wilcoxon_p"] = float(scipy.stats.wilcoxon(ours, theirs).pvalue)
+        tests["sign_flip_p"] = array_statistics.sign_flip_test(differences, "greater")
+    tests["aso_epsilon"] = float(
+        aso(ours, theirs, seed=0, show_progress=False, num_bootstrap_iterations=aso_iterations)
+    )
+    return tests
 
 
 def comparisons(
     runs: list[RunResult], grid: ml_collections.ConfigDict, *, aso_iterations: int = ASO_ITERATIONS
 ) -> list[dict[str, Any]]:
-    from deepsig import aso
+    """Every cell against the baseline cell with the same other axis values, paired by seed: the
+    reported metric's per-seed differences, seed-level tests, and a two-level bootstrap (dev; test when
+    both sides scored it). A comparison by or against a cell with a degenerate run is not `valid`."""
     from statsmodels.stats.multitest import multipletests
 
     key, base_value = baseline_of(grid)
@@ -205,39 +294,41 @@ def comparisons(
             continue
         baseline_cell = tuple((k, base_value if k == key else v) for k, v in cell)
         seeds = sorted(s for (c, s) in by_cell_seed if c == cell and (baseline_cell, s) in by_cell_seed)
-        ours = [by_cell_seed[cell, s].score("dev", grid.metric) for s in seeds]
-        theirs = [by_cell_seed[baseline_cell, s].score("dev", grid.metric) for s in seeds]
+        ours_runs = [by_cell_seed[cell, s] for s in seeds]
+        theirs_runs = [by_cell_seed[baseline_cell, s] for s in seeds]
+        ours = [r.score("dev", grid.metric) for r in ours_runs]
+        theirs = [r.score("dev", grid.metric) for r in theirs_runs]
         differences = [a - b for a, b in zip(ours, theirs, strict=True)]
+        flagged = {"cell": _flag_counts(ours_runs, "dev"), "baseline": _flag_counts(theirs_runs, "dev")}
         row: dict[str, Any] = {
             "cell": values,
             "baseline": dict(baseline_cell),
             "seeds": seeds,
             "per_seed": differences,
             "mean_difference": statistics.mean(differences),
-            "t_test_p": None,
-            "wilcoxon_p": None,
-            "aso_epsilon": None,
+            "degenerate": flagged,
+            "valid": not flagged["cell"] and not flagged["baseline"],
+            **_seed_tests(ours, theirs, aso_iterations),
+            "bootstrap": _bootstrap(ours_runs, theirs_runs, "dev", grid.metric),
         }
-        # Seed-level tests need pairs: one seed would give Wilcoxon p = 1 and ASO 0 (not evidence).
-        if len(seeds) > 1 and len(set(differences)) > 1:
-            row["t_test_p"] = float(scipy.stats.ttest_rel(ours, theirs).pvalue)
-        if len(seeds) > 1 and any(differences):
-            row["wilcoxon_p"] = float(scipy.stats.wilcoxon(ours, theirs).pvalue)
-        if len(seeds) > 1:
-            row["aso_epsilon"] = float(
-                aso(ours, theirs, seed=0, show_progress=False, num_bootstrap_iterations=aso_iterations)
-            )
-        row["bootstrap"] = paired_bootstrap(
-            [by_cell_seed[cell, s].dev_predictions for s in seeds],
-            [by_cell_seed[baseline_cell, s].dev_predictions for s in seeds],
-        )
+        test_scores = [(a.score("test", grid.metric), b.score("test", grid.metric))
+                       for a, b in zip(ours_runs, theirs_runs, strict=True)]  # fmt: skip
+        if seeds and all(a is not None and b is not None for a, b in test_scores):
+            row["test_mean_difference"] = statistics.mean(a - b for a, b in test_scores)
+            row["test_bootstrap"] = _bootstrap(ours_runs, theirs_runs, "test", grid.metric)
         rows.append(row)
-    for test in ("t_test_p", "wilcoxon_p"):
-        tested = [row for row in rows if row[test] is not None]
+    for test in TESTS:
+        tested = [row for row in rows if row[f"{test}_p"] is not None]
         if tested:
-            corrected = multipletests([row[test] for row in tested], method="holm")[1]
+            corrected = multipletests([row[f"{test}_p"] for row in tested], method="holm")[1]
             for row, p in zip(tested, corrected, strict=True):
-                row[test.replace("_p", "_p_holm")] = float(p)
+                row[f"{test}_p_holm"] = float(p)
+        for row in rows:  # what the test could show at this row's seed count, in this Holm family
+            n = len(row["seeds"])
+            row.setdefault("smallest_p", {})[test] = array_statistics.smallest_p(test, n)
+            row.setdefault("can_reach_alpha", {})[test] = array_statistics.can_reach(
+                test, n, max(1, len(tested)), alpha=ALPHA
+            )
     return rows
 
 
@@ -308,8 +399,157 @@ def write_figures(runs: list[RunResult], cells: list[dict[str, Any]], metric: st
     return [by_cell, curves]
 
 
+def paper_results(grid: ml_collections.ConfigDict) -> dict[str, float]:
+    """The grid's optional `paper_results`, "<cell name>: <gain in points>; ...": the gain over the
+    baseline the paper reports for that cell (its source belongs in the grid config's comment)."""
+    gains = {}
+    cells = {Run(cell, 0).cell_name for cell in dict.fromkeys(r.cell for r in runs_of(grid))}
+    for part in filter(str.strip, grid.get("paper_results", "").split(";")):
+        name, _, value = part.rpartition(":")
+        where = f"config key 'paper_results': {part.strip()!r}"
+        try:
+            gains[name.strip()] = float(value)
+        except ValueError:
+            raise config_cli.ConfigError(f"{where} is not `<cell name>: <gain in points>`") from None
+        if name.strip() not in cells and "+" not in name:  # ensembles' cells are named by the report
+            raise config_cli.ConfigError(f"{where}: no cell is named {name.strip()!r}")
+    return gains
+
+
 def _fmt(value: float | None, digits: int = 4) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def _flags_text(flagged: dict[str, int], n: int) -> str:
+    return ", ".join(f"{flag} {count}/{n}" for flag, count in flagged.items())
+
+
+def _interval_text(boot: dict[str, float] | None, *, with_p: bool = True) -> str:
+    if boot is None:
+        return "-"
+    text = f"{100 * boot['difference']:+.2f} [{100 * boot['ci95_low']:+.2f}, {100 * boot['ci95_high']:+.2f}]"
+    return f"{text}, {array_statistics.format_p(boot['p_value'], boot['samples'])}" if with_p else text
+
+
+def _p_text(row: dict[str, Any], test: str) -> str:
+    """Raw and Holm-corrected p; † when the test cannot reach ALPHA at this row's seed count and family."""
+    raw = row[f"{test}_p"]
+    text = "-" if raw is None else f"{raw:.3f} ({row[f'{test}_p_holm']:.3f})"
+    return text if row["can_reach_alpha"][test] else f"{text} †"
+
+
+def _cell_lines(metric: str, report: dict[str, Any]) -> list[str]:
+    lines = [
+        f"| cell | dev {metric} mean ± std | 95% CI | min | max | seeds | test {metric} mean ± std "
+        "| degenerate runs |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in report["cells"]:
+        dev, test = c.get("dev"), c.get("test")
+        flags = "; ".join(
+            f"**{split}**: {_flags_text(flagged, (c.get(split) or {}).get('n', 0))}"
+            for split, flagged in c.get("degenerate", {}).items()
+        )
+        test_text = f"{_fmt(test['mean'])} ± {_fmt(test['std'])}" if test else "-"
+        if dev is None:
+            lines.append(f"| {c['name']} | undefined | - | - | - | 0 | {test_text} | {flags} |")
+            continue
+        lines.append(
+            f"| {c['name']} | {_fmt(dev['mean'])} ± {_fmt(dev['std'])} | [{_fmt(dev['ci95_low'])}, "
+            f"{_fmt(dev['ci95_high'])}] | {_fmt(dev['min'])} | {_fmt(dev['max'])} | {dev['n']} | "
+            f"{test_text} | {flags} |"
+        )
+    return lines
+
+
+def _comparison_lines(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> list[str]:
+    rows = report["comparisons"]
+    family = {test: sum(row[f"{test}_p"] is not None for row in rows) for test in TESTS}
+    samples = next((row["bootstrap"]["samples"] for row in rows if row["bootstrap"]), None)
+    lines = [
+        f"Paired by seed against the baseline (`{grid.baseline}`, same other axis values); differences in "
+        f"{grid.metric} points x100, dev unless named test. **valid**: `no` when a run of either cell is "
+        "degenerate (its flags are in the cell table): that difference is struck through and is not a "
+        "result, whatever its sign.",
+        "",
+        "Seed-level tests, each Holm-corrected within its own family, the comparisons of this table that "
+        f"have it (t-test {family['t_test']}, Wilcoxon {family['wilcoxon']}, sign flip "
+        f"{family['sign_flip']}), shown as `raw (Holm)`: paired t-test; Wilcoxon signed-rank (two-sided, "
+        "exact); exact sign-flip permutation test over seeds (one-sided: the cell better than the "
+        "baseline). Smallest attainable p at n seeds: t-test 0 (continuous), Wilcoxon 2/2^n (0.0625 at 5), "
+        "sign flip 1/2^n (0.031 at 5), bootstrap 1/B; after Holm over m tests, a test can reach 0.05 only "
+        "if its smallest p x m <= 0.05: † marks a p that cannot, at that row's seed count. ASO epsilon < "
+        "0.5: the cell is better (deepsig, no p).",
+        "",
+        f"Bootstrap: two-level, {samples or '-'} resamples of the seeds and then, within each resampled "
+        f"seed, of its examples (the same examples for both runs of the pair), recomputing the reported "
+        f"{grid.metric} on each resample (entity F1 from per-sentence entity counts); the 95% interval "
+        "covers seed-to-seed and example variance; p two-sided, not Holm-corrected, `< 1/B` when no "
+        "resample reached 0.",
+        "",
+        "| cell | vs | valid | mean diff | per seed | test mean diff | t-test p | Wilcoxon p | sign-flip p "
+        "| ASO eps | bootstrap diff [95% CI], p | test bootstrap |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        cell, versus = (Run(tuple(row[k].items()), 0).cell_name for k in ("cell", "baseline"))
+        per_seed = ", ".join(f"{100 * d:+.2f}" for d in row["per_seed"])
+        n = len(row["seeds"])
+        mean = f"{100 * row['mean_difference']:+.2f}"
+        valid = "yes"
+        if not row["valid"]:
+            mean = f"~~{mean}~~"
+            valid = "no: " + "; ".join(
+                f"{side} {_flags_text(flagged, n)}" for side, flagged in row["degenerate"].items() if flagged
+            )
+        test_mean = row.get("test_mean_difference")
+        lines.append(
+            f"| {cell} | {versus} | {valid} | {mean} | {per_seed} | "
+            f"{'-' if test_mean is None else f'{100 * test_mean:+.2f}'} | "
+            + " | ".join(_p_text(row, test) for test in TESTS)
+            + f" | {_fmt(row['aso_epsilon'], 3)} | {_interval_text(row['bootstrap'])} | "
+            f"{_interval_text(row.get('test_bootstrap'))} |"
+        )
+    return lines
+
+
+def _paper_lines(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> list[str]:
+    gains = report["paper_results"]
+    lines = [
+        "Paper layout: the gain over the baseline that the paper reports for each cell (grid key "
+        "`paper_results`, its source in the grid config; `not found`: no per-cell value was found) beside "
+        f"the measured gain in {grid.metric} points x100 (mean over seeds [two-level bootstrap 95% CI]).",
+        "",
+        "| cell | vs | paper gain | measured gain, dev [95% CI] | measured gain, test [95% CI] | valid |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in report["comparisons"]:
+        cell, versus = (Run(tuple(row[k].items()), 0).cell_name for k in ("cell", "baseline"))
+        paper = f"{gains[cell]:+.2f}" if cell in gains else "not found"
+        dev = _interval_text(row["bootstrap"], with_p=False)
+        if row["bootstrap"] is None:
+            dev = f"{100 * row['mean_difference']:+.2f}"
+        test = _interval_text(row.get("test_bootstrap"), with_p=False)
+        lines.append(f"| {cell} | {versus} | {paper} | {dev} | {test} | {'yes' if row['valid'] else 'no'} |")
+    return lines
+
+
+def _cost_lines(report: dict[str, Any]) -> list[str]:
+    lines = [
+        "What each cell cost (per run: mean over seeds; an ensemble costs its members together): "
+        "optimizer steps, training examples seen (steps x global batch), wall seconds of training and "
+        "evaluation over every process lifetime (results.json).",
+        "",
+        "| cell | seeds | train steps | examples seen | wall s per run | wall s, all seeds |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in report["costs"]:
+        lines.append(
+            f"| {row['name']} | {row['n']} | {row['train_steps']['mean']:.0f} | "
+            f"{row['examples_seen']['mean']:.0f} | {row['wall_time_s']['mean']:.1f} | "
+            f"{row['wall_time_s']['total']:.1f} |"
+        )
+    return lines
 
 
 def _markdown(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
@@ -318,22 +558,11 @@ def _markdown(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
         "# Experiment report",
         "",
         f"Base config `{grid.base}`; axes `{grid.axes}`; seeds 0-{grid.num_seeds - 1}; baseline "
-        f"`{grid.baseline}`; metric `{metric}` on dev, of the parameters each run's `final_params` names "
-        f"({', '.join(sorted(report['final_params']))}).",
+        f"`{grid.baseline}`; metric `{metric}` on dev (and test where the runs scored one), of the "
+        f"parameters each run's `final_params` names ({', '.join(sorted(report['final_params']))}).",
         "",
-        f"| cell | dev {metric} mean ± std | 95% CI | min | max | seeds | test mean |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        *_cell_lines(metric, report),
     ]
-    for c in report["cells"]:
-        dev, test = c.get("dev"), c.get("test")
-        if dev is None:
-            lines.append(f"| {c['name']} | undefined | - | - | - | 0 | - |")
-            continue
-        lines.append(
-            f"| {c['name']} | {_fmt(dev['mean'])} ± {_fmt(dev['std'])} | [{_fmt(dev['ci95_low'])}, "
-            f"{_fmt(dev['ci95_high'])}] | {_fmt(dev['min'])} | {_fmt(dev['max'])} | {dev['n']} | "
-            f"{_fmt(test['mean']) if test else '-'} |"
-        )
     if report["ensembles"]:
         lines += [
             "",
@@ -343,31 +572,17 @@ def _markdown(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
     if report["majority_baseline"] is not None:
         lines += [
             "",
-            f"Majority-class dev accuracy (from the parsed labels): {report['majority_baseline']:.4f}",
+            f"Majority-class dev accuracy (from the parsed labels; for tagging, the all-`O` token accuracy): "
+            f"{report['majority_baseline']:.4f}. Degenerate runs (stackft_jax/degenerate.py): dev "
+            f"predictions {100 * degenerate.ONE_CLASS_SHARE:.0f}% or more one class (`one_class`), F1 0 or "
+            "undefined, or "
+            "accuracy at or below this baseline.",
         ]
-    lines += [
-        "",
-        f"Paired by seed against the baseline (`{grid.baseline}`, same other axis values); differences in "
-        f"dev {metric} points x100; p values Holm-corrected across the table; ASO epsilon < 0.5: the cell is "
-        "better (deepsig); bootstrap: dev accuracy difference over resampled examples, averaged over seeds.",
-        "",
-        "| cell | vs | mean diff | per seed | t-test p (Holm) | Wilcoxon p (Holm) | ASO eps "
-        "| bootstrap acc diff [95% CI], p |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for row in report["comparisons"]:
-        boot = row["bootstrap"]
-        boot_text = "-"
-        if boot is not None:
-            interval = f"[{100 * boot['ci95_low']:+.2f}, {100 * boot['ci95_high']:+.2f}]"
-            boot_text = f"{100 * boot['difference']:+.2f} {interval}, {boot['p_value']:.3f}"
-        cell, versus = (Run(tuple(row[k].items()), 0).cell_name for k in ("cell", "baseline"))
-        per_seed = ", ".join(f"{100 * d:+.2f}" for d in row["per_seed"])
-        lines.append(
-            f"| {cell} | {versus} | {100 * row['mean_difference']:+.2f} | {per_seed} | "
-            f"{_fmt(row.get('t_test_p_holm'), 3)} | {_fmt(row.get('wilcoxon_p_holm'), 3)} | "
-            f"{_fmt(row['aso_epsilon'], 3)} | {boot_text} |"
-        )
+    lines += ["", *_comparison_lines(grid, report)]
+    if report["comparisons"]:
+        lines += ["", *_paper_lines(grid, report)]
+    if report["costs"]:
+        lines += ["", *_cost_lines(report)]
     if report["boundaries"]:
         gap = f"train_dev_gap_{metric}"
         lines += [
@@ -396,7 +611,13 @@ def build_report(
     return {
         "grid": grid.to_dict(),
         "runs": [
-            {"name": r.run.name, "cell": dict(r.run.cell), "seed": r.run.seed, "final": r.results["final"]}
+            {
+                "name": r.run.name,
+                "cell": dict(r.run.cell),
+                "seed": r.run.seed,
+                "final": r.results["final"],
+                "degenerate": {split: r.degenerate(split) for split in r.results["final"]},
+            }
             for r in runs
         ],
         "ensembles": [
@@ -406,12 +627,15 @@ def build_report(
                 "seed": e.run.seed,
                 "members": e.results["members"],
                 "final": e.results["final"],
+                "degenerate": {split: e.degenerate(split) for split in e.results["final"]},
             }
             for e in ensembles
         ],
         "final_params": sorted({r.results.get("final_params", "last").split(" ")[0] for r in runs}),
         "cells": cell_statistics(runs + ensembles, grid.metric),
         "comparisons": comparisons(runs + ensembles, grid, aso_iterations=aso_iterations),
+        "costs": cost_statistics(runs, ensembles),
+        "paper_results": paper_results(grid),
         "boundaries": boundary_statistics(runs, grid.metric),
         "majority_baseline": majority_baseline(runs[0].dev_predictions),
     }
