@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 BOOTSTRAP_SAMPLES = 1000
+SEED_TESTS = ("t_test", "wilcoxon", "sign_flip")  # the report's tests over seeds, each Holm-corrected
 _CHUNK = 100  # bootstrap resamples gathered at once: [chunk, seeds, examples, counts] stays small
 _MAX_EXACT_SEEDS = 20  # 2^20 sign vectors
 

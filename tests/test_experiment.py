@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from stackft_jax import config_cli, experiment_report, grid, metrics, predictions
+from stackft_jax import config_cli, degenerate, experiment_report, grid, metrics, predictions
 from tests.conftest import REPO
 
 ASO_ITERATIONS = 50  # deepsig's default of 1000 takes half a minute per comparison
@@ -602,3 +602,43 @@ def test_costs_per_cell_and_the_papers_gains(tmp_path):
 
     with pytest.raises(config_cli.ConfigError, match="no cell is named 'strategy=nope'"):
         experiment_report.paper_results(_grid(paper_results="strategy=nope: 1.0"))
+
+
+COMMITTABLE = ("results.json", "config.json", "metrics.jsonl", "timings.json", "predictions/dev.jsonl",
+               "predictions/test.jsonl")  # fmt: skip
+
+
+def test_the_report_needs_only_the_committable_files_of_each_run(tmp_path, caplog):
+    # A real tiny grid, one seed, scored on a labelled test file too; its runs reduced to the small files
+    # one commits per run (no checkpoints, caches or events) give the same report (what --report_only does).
+    g = config_cli.load("configs/experiments/tiny.py", [])
+    g.num_seeds = 1
+    g.base += f",data.test_file={REPO / 'tests/fixtures/qqp/dev.tsv'}"
+    full, committed = tmp_path / "full", tmp_path / "committed"
+    with caplog.at_level("INFO"):
+        assert grid.run_grid(g, full)
+    for run_dir in (full / "runs").iterdir():
+        results = json.loads((run_dir / "results.json").read_text())
+        steps = 3 * len(results["phases"])  # 3 steps per phase: finetune_only 1 phase, stack_and_finetune 2
+        assert (
+            results["train_steps"] == steps
+            and results["examples_seen"] == steps * results["global_batch_size"]
+        )
+        records = list(predictions.read(predictions.path(run_dir, "dev")).values())
+        for split in ("dev", "test"):  # the flags train.run wrote are the ones the records give
+            assert results["degenerate"][split] == degenerate.flags(records, results["final"][split])
+        for name in COMMITTABLE:
+            (committed / "runs" / run_dir.name / name).parent.mkdir(parents=True, exist_ok=True)
+            (committed / "runs" / run_dir.name / name).write_bytes((run_dir / name).read_bytes())
+    last = [r for r in caplog.records if r.name == "stackft_jax.train"][-1]
+    flagged = json.loads((full / "runs" / "strategy=stack_and_finetune-seed0" / "results.json").read_text())
+    if flagged["degenerate"]["dev"]:  # a degenerate run says so in its last line
+        assert last.levelname == "WARNING" and flagged["degenerate"]["dev"][0] in last.getMessage()
+    reports = []
+    for workdir in (full, committed):
+        experiment_report.write_report(g, workdir, aso_iterations=ASO_ITERATIONS)
+        reports.append(json.loads((workdir / "report.json").read_text()))
+    keys = ("runs", "ensembles", "cells", "comparisons", "costs", "majority_baseline")
+    assert [{k: r[k] for k in keys} for r in reports][0] == [{k: r[k] for k in keys} for r in reports][1]
+    assert "test" in reports[1]["cells"][0] and "test_mean_difference" in reports[1]["comparisons"][0]
+    assert len(reports[1]["costs"]) == 3  # two cells and their ensemble
