@@ -303,6 +303,14 @@ def comparisons(
             continue
         baseline_cell = tuple((k, base_value if k == key else v) for k, v in cell)
         seeds = sorted(s for (c, s) in by_cell_seed if c == cell and (baseline_cell, s) in by_cell_seed)
+        # A seed whose metric is undefined on either side (F1 without gold positives) pairs nothing.
+        seeds = [
+            s
+            for s in seeds
+            if None not in (by_cell_seed[c, s].score("dev", grid.metric) for c in (cell, baseline_cell))
+        ]
+        if not seeds:  # nothing to pair: the cell table shows its metric as undefined
+            continue
         ours_runs = [by_cell_seed[cell, s] for s in seeds]
         theirs_runs = [by_cell_seed[baseline_cell, s] for s in seeds]
         ours = [r.score("dev", grid.metric) for r in ours_runs]
