@@ -610,22 +610,24 @@ COMMITTABLE = ("results.json", "config.json", "metrics.jsonl", "timings.json", "
 
 def test_the_report_needs_only_the_committable_files_of_each_run(tmp_path, caplog):
     # A real tiny grid, one seed, scored on a labelled test file too; its runs reduced to the small files
-    # one commits per run (no checkpoints, caches or events) give the same report (what --report_only does).
-    g = config_cli.load("configs/experiments/tiny.py", [])
-    g.num_seeds = 1
-    g.base += f",data.test_file={REPO / 'tests/fixtures/qqp/dev.tsv'}"
+    # one commits per run (no checkpoints, caches or events): `--report_only` gives the same report.
+    grid_file = tmp_path / "tiny_with_test.py"
+    grid_file.write_text(
+        "from configs.experiments import tiny\n\n\ndef get_config(arg=None):\n"
+        "    c = tiny.get_config()\n    c.num_seeds = 1\n"
+        f"    c.base += ',data.test_file={REPO / 'tests/fixtures/qqp/dev.tsv'}'\n    return c\n"
+    )
+    g = config_cli.load(str(grid_file), [])
     full, committed = tmp_path / "full", tmp_path / "committed"
     with caplog.at_level("INFO"):
         assert grid.run_grid(g, full)
     for run_dir in (full / "runs").iterdir():
         results = json.loads((run_dir / "results.json").read_text())
         steps = 3 * len(results["phases"])  # 3 steps per phase: finetune_only 1 phase, stack_and_finetune 2
-        assert (
-            results["train_steps"] == steps
-            and results["examples_seen"] == steps * results["global_batch_size"]
-        )
-        records = list(predictions.read(predictions.path(run_dir, "dev")).values())
-        for split in ("dev", "test"):  # the flags train.run wrote are the ones the records give
+        assert results["train_steps"] == steps
+        assert results["examples_seen"] == steps * results["global_batch_size"]
+        for split in ("dev", "test"):  # the flags train.run wrote are the ones its prediction files give
+            records = list(predictions.read(predictions.path(run_dir, split)).values())
             assert results["degenerate"][split] == degenerate.flags(records, results["final"][split])
         for name in COMMITTABLE:
             (committed / "runs" / run_dir.name / name).parent.mkdir(parents=True, exist_ok=True)
@@ -634,11 +636,17 @@ def test_the_report_needs_only_the_committable_files_of_each_run(tmp_path, caplo
     flagged = json.loads((full / "runs" / "strategy=stack_and_finetune-seed0" / "results.json").read_text())
     if flagged["degenerate"]["dev"]:  # a degenerate run says so in its last line
         assert last.levelname == "WARNING" and flagged["degenerate"]["dev"][0] in last.getMessage()
-    reports = []
-    for workdir in (full, committed):
-        experiment_report.write_report(g, workdir, aso_iterations=ASO_ITERATIONS)
-        reports.append(json.loads((workdir / "report.json").read_text()))
+
+    experiment_report.write_report(g, full, aso_iterations=ASO_ITERATIONS)  # one seed: no ASO either way
+    proc = subprocess.run(
+        [sys.executable, "-m", "stackft_jax.experiment", f"--config={grid_file}", f"--workdir={committed}",
+         "--report_only"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    reports = [json.loads((w / "report.json").read_text()) for w in (full, committed)]
     keys = ("runs", "ensembles", "cells", "comparisons", "costs", "majority_baseline")
-    assert [{k: r[k] for k in keys} for r in reports][0] == [{k: r[k] for k in keys} for r in reports][1]
+    assert {k: reports[0][k] for k in keys} == {k: reports[1][k] for k in keys}
     assert "test" in reports[1]["cells"][0] and "test_mean_difference" in reports[1]["comparisons"][0]
     assert len(reports[1]["costs"]) == 3  # two cells and their ensemble
+    assert not list(committed.rglob("checkpoints")) and (committed / "report.md").is_file()
