@@ -30,7 +30,7 @@ def _interval_text(boot: dict[str, float] | None, *, with_p: bool = True) -> str
 
 
 def _p_text(row: dict[str, Any], test: str) -> str:
-    """Raw and Holm-corrected p; † when the test cannot reach ALPHA at this row's seed count and family."""
+    """Raw and Holm-corrected p; † when the test cannot reach 0.05 at this row's seed count and family."""
     raw = row[f"{test}_p"]
     text = "-" if raw is None else f"{raw:.3f} ({row[f'{test}_p_holm']:.3f})"
     return text if row["can_reach_alpha"][test] else f"{text} †"
@@ -45,7 +45,7 @@ def _cell_lines(metric: str, report: dict[str, Any]) -> list[str]:
     for c in report["cells"]:
         dev, test = c.get("dev"), c.get("test")
         flags = "; ".join(
-            f"**{split}**: {_flags_text(flagged, (c.get(split) or {}).get('n', 0))}"
+            f"**{split}**: {_flags_text(flagged, c['runs'])}"
             for split, flagged in c.get("degenerate", {}).items()
         )
         test_text = f"{_fmt(test['mean'])} ± {_fmt(test['std'])}" if test else "-"
@@ -67,8 +67,8 @@ def _comparison_lines(grid: ml_collections.ConfigDict, report: dict[str, Any]) -
     lines = [
         f"Paired by seed against the baseline (`{grid.baseline}`, same other axis values); differences in "
         f"{grid.metric} points x100, dev unless named test. **valid**: `no` when a run of either cell is "
-        "degenerate (its flags are in the cell table): that difference is struck through and is not a "
-        "result, whatever its sign.",
+        "degenerate on dev (its flags are in the cell table): that difference is struck through and is not "
+        "a result, whatever its sign.",
         "",
         "Seed-level tests, each Holm-corrected within its own family, the comparisons of this table that "
         f"have it (t-test {family['t_test']}, Wilcoxon {family['wilcoxon']}, sign flip "

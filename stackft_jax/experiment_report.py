@@ -143,7 +143,7 @@ def cell_statistics(runs: list[RunResult], metric: str) -> list[dict[str, Any]]:
         by_cell[r.run.cell].append(r)
     cells = []
     for cell, members in by_cell.items():
-        entry: dict[str, Any] = {"cell": dict(cell), "name": members[0].run.cell_name}
+        entry: dict[str, Any] = {"cell": dict(cell), "name": members[0].run.cell_name, "runs": len(members)}
         for split in ("dev", "test"):
             scores = (m.score(split, metric) for m in members)
             values = [v for v in scores if v is not None and math.isfinite(v)]

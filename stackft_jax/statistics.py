@@ -17,7 +17,7 @@ import numpy as np
 
 BOOTSTRAP_SAMPLES = 1000
 SEED_TESTS = ("t_test", "wilcoxon", "sign_flip")  # the report's tests over seeds, each Holm-corrected
-_CHUNK = 100  # bootstrap resamples gathered at once: [chunk, seeds, examples, counts] stays small
+_GATHERED = 4_000_000  # counts gathered per bootstrap chunk [resamples, seeds, examples, k]: ~32 MB
 _MAX_EXACT_SEEDS = 20  # 2^20 sign vectors
 
 
@@ -133,11 +133,12 @@ def two_level_bootstrap(
     examples (the same examples for both sides of the pair): the interval covers seed-to-seed and
     example variance. `cell`, `baseline`: per-example counts [seeds, examples, k], paired by seed and
     example. A p of 0 means no resample reached 0: report it as < 1/samples."""
-    num_seeds, num_examples, _ = cell.shape
+    num_seeds, num_examples, k = cell.shape
+    chunk = max(1, _GATHERED // (num_seeds * num_examples * k))
     rng = np.random.default_rng(seed)
     differences = []
-    for start in range(0, samples, _CHUNK):
-        size = min(_CHUNK, samples - start)
+    for start in range(0, samples, chunk):
+        size = min(chunk, samples - start)
         seeds = rng.integers(0, num_seeds, size=(size, num_seeds))
         examples = rng.integers(0, num_examples, size=(size, num_seeds, num_examples))
         ours = cell[seeds[..., None], examples].sum(2)  # [size, seeds, k]
