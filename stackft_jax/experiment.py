@@ -20,6 +20,12 @@ A grid config (configs/experiments/*.py) holds:
             other axes' values; the report builds them from the finished runs in WORKDIR/ensembles/ and
             shows each as a cell whose value is `v1+v2` (compared with the baseline like any cell);
             classification only, refused before training otherwise
+  paper_results optional, "" by default: "<cell name>: <gain in points>; ..." the gain over the baseline
+            that a paper reports for that cell (source in the grid config's comment); the report's
+            paper-layout table shows it beside the measured gain, `not found` where it has none
+
+A test split for every run is the base config's `data.test_file` (`base="...,data.test_file=FILE"`); the
+report shows test beside dev wherever runs scored it.
 
 Every cell-seed is an ordinary run in `WORKDIR/runs/<cell>-seed<k>` (so it resumes like any run, and is
 bound to its config like any workdir); finished runs are read back, so the grid resumes where it stopped

@@ -1,27 +1,37 @@
 """The report of a finished grid (grid.py, experiment.py): what the paper's single numbers lacked.
 
-  per cell        mean, std, min, max and a 95% t-interval over seeds of the grid's `metric` on dev (and
-                  on test when the runs scored a test file: of the same parameters, `final_params`)
+  per cell        mean, std, min, max and a 95% t-interval over seeds of the grid's `metric` on dev and,
+                  beside it, on test when the runs scored a test file (of the same parameters,
+                  `final_params`); how many of its runs are degenerate, flag by flag (degenerate.py)
   comparisons     every cell against the baseline cell with the same other axis values, paired by seed:
-                  paired t-test and Wilcoxon signed-rank (scipy.stats), each Holm-corrected across the
-                  table (statsmodels); almost stochastic order (deepsig: Dror et al. 2019, epsilon < 0.5
-                  means the cell is better); and a paired bootstrap over dev *examples* of the accuracy
-                  difference, averaged over seeds, from the saved per-example predictions
+                  the per-seed differences in `metric` (dev; test beside it); paired t-test, Wilcoxon
+                  signed-rank and an exact sign-flip test over seeds, each Holm-corrected across the table
+                  (statsmodels), with each test's smallest attainable p at its seed count; almost
+                  stochastic order (deepsig: Dror et al. 2019, epsilon < 0.5 means the cell is better); a
+                  two-level paired bootstrap (seeds, then examples) of `metric` itself, recomputed from the
+                  saved per-example predictions (statistics.py). A comparison by or against a cell with a
+                  degenerate run is marked not `valid`: it is no evidence either way
   ensembles       the grid's `ensembles`, built from the finished runs (ensemble.py, equal weights) and
                   written to WORKDIR/ensembles/<cell>-seed<k>/, are cells of their own in the table, the
                   comparisons and metric_by_cell.png (an axis value `a+b`); they have no dev curve
   majority class  accuracy of always predicting the most frequent dev label (tag, for tagging), from
                   the parsed labels of the prediction files
+  costs           per cell: train steps, training examples seen and wall seconds (results.json)
+  paper layout    the paper's reported gain per cell (the grid's optional `paper_results`, "<cell name>:
+                  <gain in points>; ...") beside the measured gain and its bootstrap interval
   boundaries      per cell and frozen-backbone phase, what its end recorded: head parameter norm, dev
                   ECE, train/dev gap (mean and std over seeds)
   figures         figures/metric_by_cell.png (means with intervals), figures/dev_curves.png (dev metric
                   against global step, phase boundaries dashed)
 
-Written to WORKDIR/report.md and WORKDIR/report.json.
+Everything is read from files small enough to commit per run: results.json, predictions/{dev,test}.jsonl,
+metrics.jsonl (and timings.json); no checkpoint. Written to WORKDIR/report.md (experiment_markdown.py)
+and WORKDIR/report.json.
 """
 
 import collections
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -34,11 +44,11 @@ import ml_collections
 import numpy as np
 import scipy.stats
 
-from stackft_jax import config_cli, ensemble, predictions
+from stackft_jax import config_cli, degenerate, ensemble, experiment_markdown, predictions
+from stackft_jax import statistics as array_statistics
 from stackft_jax.grid import Run, baseline_of, check_ensembles, ensembles_of, run_config, runs_of
 from stackft_jax.report import json_safe
 
-BOOTSTRAP_SAMPLES = 1000
 ASO_ITERATIONS = 1000  # deepsig's default; each costs a few ms
 
 
@@ -46,12 +56,29 @@ ASO_ITERATIONS = 1000  # deepsig's default; each costs a few ms
 class RunResult:
     run: Run
     results: dict[str, Any]
-    dev_predictions: Path
+    folder: Path  # results.json and predictions/: the run's workdir, or the ensemble's folder
     metrics_file: Path | None  # None for an ensemble: no dev curve
+
+    @property
+    def dev_predictions(self) -> Path:
+        return predictions.path(self.folder, "dev")
 
     def score(self, split: str, metric: str) -> float | None:
         value = self.results["final"].get(split, {}).get(metric)
         return None if value is None else float(value)
+
+    @functools.cached_property
+    def _records(self) -> dict[str, list[dict[str, Any]]]:
+        files = {split: predictions.path(self.folder, split) for split in self.results["final"]}
+        return {
+            split: list(predictions.read(file).values()) for split, file in files.items() if file.is_file()
+        }
+
+    def degenerate(self, split: str) -> list[str]:
+        """The split's degenerate flags, recomputed from its prediction file (ensembles and runs from
+        before results.json held them are judged the same way); [] when it was not scored."""
+        records = self._records.get(split)
+        return [] if records is None else degenerate.flags(records, self.results["final"][split])
 
 
 def load_runs(grid: ml_collections.ConfigDict, workdir: str | Path) -> list[RunResult]:
@@ -63,7 +90,7 @@ def load_runs(grid: ml_collections.ConfigDict, workdir: str | Path) -> list[RunR
         if not results_file.exists():
             raise FileNotFoundError(f"{results_file}: run {run.name} has not finished; rerun the grid")
         results = json.loads(results_file.read_text())
-        loaded.append(RunResult(run, results, predictions.path(run_dir, "dev"), run_dir / "metrics.jsonl"))
+        loaded.append(RunResult(run, results, run_dir, run_dir / "metrics.jsonl"))
     return loaded
 
 
@@ -93,7 +120,7 @@ def build_ensembles(grid: ml_collections.ConfigDict, workdir: str | Path) -> lis
         out = workdir / "ensembles" / e.run.name
         _write_ensemble(out, ensembled)
         results = {"final": ensembled["ensemble"], "members": [m.name for m in e.members]}
-        built.append(RunResult(e.run, results, predictions.path(out, "dev"), None))
+        built.append(RunResult(e.run, results, out, None))
     return built
 
 
@@ -116,14 +143,62 @@ def cell_statistics(runs: list[RunResult], metric: str) -> list[dict[str, Any]]:
         by_cell[r.run.cell].append(r)
     cells = []
     for cell, members in by_cell.items():
-        entry: dict[str, Any] = {"cell": dict(cell), "name": members[0].run.cell_name}
+        entry: dict[str, Any] = {"cell": dict(cell), "name": members[0].run.cell_name, "runs": len(members)}
         for split in ("dev", "test"):
             scores = (m.score(split, metric) for m in members)
             values = [v for v in scores if v is not None and math.isfinite(v)]
             if values:
                 entry[split] = _interval(values)
+            flagged = _flag_counts(members, split)
+            if flagged:
+                entry.setdefault("degenerate", {})[split] = flagged
         cells.append(entry)
     return cells
+
+
+COST_MEASURES = ("train_steps", "examples_seen", "wall_time_s")
+TIMINGS_FILE = "timings.json"  # timing.FILE_NAME; importing timing would start jax
+
+
+def _cost(r: RunResult, by_name: dict[str, RunResult]) -> dict[str, float] | None:
+    """What one run cost (results.json; timings.json's total for the wall time of runs from before
+    results.json kept it); an ensemble costs its members together."""
+    if "members" in r.results:
+        parts = [_cost(by_name[name], by_name) for name in r.results["members"]]
+        return None if None in parts else {m: sum(part[m] for part in parts) for m in COST_MEASURES}
+    results = r.results
+    steps = results.get("train_steps", sum(phase["steps"] for phase in results["phases"]))
+    examples = results.get("examples_seen")
+    if examples is None and "global_batch_size" in results:
+        examples = steps * results["global_batch_size"]
+    wall = results.get("wall_time_s")
+    timings = r.folder / TIMINGS_FILE
+    if wall is None and timings.is_file():
+        wall = json.loads(timings.read_text())["total_s"]
+    if examples is None or wall is None:
+        return None
+    return {"train_steps": steps, "examples_seen": examples, "wall_time_s": wall}
+
+
+def cost_statistics(runs: list[RunResult], ensembles: list[RunResult]) -> list[dict[str, Any]]:
+    """Per cell, the mean over seeds of train steps, training examples seen and wall seconds (training
+    and evaluation, every process lifetime), and their sum over seeds."""
+    by_name = {r.run.name: r for r in runs}
+    by_cell: dict[tuple, list[dict]] = collections.defaultdict(list)
+    names = {}
+    for r in runs + ensembles:
+        cost = _cost(r, by_name)
+        names[r.run.cell] = r.run.cell_name
+        if cost is not None:
+            by_cell[r.run.cell].append(cost)
+    rows = []
+    for cell, costs in by_cell.items():
+        row: dict[str, Any] = {"cell": dict(cell), "name": names[cell], "n": len(costs)}
+        for measure in COST_MEASURES:
+            row[measure] = {"mean": statistics.mean(c[measure] for c in costs),
+                            "total": sum(c[measure] for c in costs)}  # fmt: skip
+        rows.append(row)
+    return rows
 
 
 BOUNDARY_MEASURES = ("head_param_norm", "dev_ece")
@@ -151,49 +226,72 @@ def boundary_statistics(runs: list[RunResult], metric: str) -> list[dict[str, An
     return rows
 
 
-def _example_scores(records: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray] | None:
-    """(correct, weight) per example: classification 1/0 per example; tagging correct words and words
-    per sentence; None for regression (no per-example accuracy)."""
-    first = records[0]
-    if isinstance(first["label"], list):
-        correct = [sum(p == g for p, g in zip(r["prediction"], r["label"], strict=True)) for r in records]
-        return np.asarray(correct, float), np.asarray([len(r["label"]) for r in records], float)
-    if "probabilities" not in first:
-        return None
-    return np.asarray([r["prediction"] == r["label"] for r in records], float), np.ones(len(records))
+TESTS = array_statistics.SEED_TESTS
+ALPHA = 0.05
 
 
-def paired_bootstrap(
-    cell_files: list[Path], baseline_files: list[Path], *, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0
-) -> dict[str, float] | None:
-    """Accuracy difference (cell - baseline, averaged over the seeds' run pairs) with a 95% percentile
-    interval and a two-sided p over `samples` resamples of the dev examples, the same resample for
-    every seed. None when the task has no per-example accuracy (regression)."""
-    differences_by_seed = []
-    weights = None
-    for cell_file, baseline_file in zip(cell_files, baseline_files, strict=True):
-        pairs = predictions.paired(cell_file, baseline_file)
-        ours = _example_scores([a for a, _ in pairs])
-        theirs = _example_scores([b for _, b in pairs])
-        if ours is None or theirs is None:
+def _flag_counts(runs: list[RunResult], split: str) -> dict[str, int]:
+    """How many of the runs raise each degenerate flag on `split` (degenerate.py)."""
+    counts = collections.Counter(flag for r in runs for flag in r.degenerate(split))
+    return {flag: counts[flag] for flag in degenerate.FLAGS if counts[flag]}
+
+
+def _paired_counts(
+    ours: list[RunResult], theirs: list[RunResult], split: str, metric: str
+) -> tuple[np.ndarray, np.ndarray, Any] | None:
+    """Per-example counts of `metric` [seeds, examples, k] of both sides, paired by example key, and the
+    metric of their totals; None when a side has no labelled `split` predictions or the metric is no
+    function of sums (array_statistics.example_counts)."""
+    cell_counts, baseline_counts, metric_of_totals = [], [], None
+    for a, b in zip(ours, theirs, strict=True):
+        files = [predictions.path(r.folder, split) for r in (a, b)]
+        if not all(f.is_file() for f in files):
             return None
-        differences_by_seed.append(ours[0] - theirs[0])
-        weights = ours[1]
-    differences = np.mean(differences_by_seed, axis=0)  # per example, averaged over seeds
-    rng = np.random.default_rng(seed)
-    index = rng.integers(0, len(differences), size=(samples, len(differences)))
-    resampled = differences[index].sum(axis=1) / weights[index].sum(axis=1)
-    observed = float(differences.sum() / weights.sum())
-    p = 2 * min(np.mean(resampled <= 0), np.mean(resampled >= 0))
-    low, high = np.percentile(resampled, [2.5, 97.5])
-    return {"difference": observed, "ci95_low": float(low), "ci95_high": float(high),
-            "p_value": float(min(p, 1.0)), "samples": samples}  # fmt: skip
+        pairs = predictions.paired(*files)
+        if "label" not in pairs[0][0]:
+            return None
+        x = array_statistics.example_counts([r for r, _ in pairs], metric)
+        y = array_statistics.example_counts([r for _, r in pairs], metric)
+        if x is None or y is None:
+            return None
+        cell_counts.append(x.counts)
+        baseline_counts.append(y.counts)
+        metric_of_totals = x.metric
+    return np.stack(cell_counts), np.stack(baseline_counts), metric_of_totals
+
+
+def _bootstrap(ours: list[RunResult], theirs: list[RunResult], split: str, metric: str) -> dict | None:
+    paired = _paired_counts(ours, theirs, split, metric)
+    if paired is None:
+        return None
+    return array_statistics.two_level_bootstrap(*paired)
+
+
+def _seed_tests(ours: list[float], theirs: list[float], aso_iterations: int) -> dict[str, float | None]:
+    from deepsig import aso
+
+    differences = [a - b for a, b in zip(ours, theirs, strict=True)]
+    tests: dict[str, float | None] = {f"{t}_p": None for t in TESTS} | {"aso_epsilon": None}
+    # Seed-level tests need pairs: one seed would give Wilcoxon p = 1 and ASO 0 (not evidence).
+    if len(ours) < 2:
+        return tests
+    if len(set(differences)) > 1:
+        tests["t_test_p"] = float(scipy.stats.ttest_rel(ours, theirs).pvalue)
+    if any(differences):
+        tests["wilcoxon_p"] = float(scipy.stats.wilcoxon(ours, theirs).pvalue)
+        tests["sign_flip_p"] = array_statistics.sign_flip_test(differences, "greater")
+    tests["aso_epsilon"] = float(
+        aso(ours, theirs, seed=0, show_progress=False, num_bootstrap_iterations=aso_iterations)
+    )
+    return tests
 
 
 def comparisons(
     runs: list[RunResult], grid: ml_collections.ConfigDict, *, aso_iterations: int = ASO_ITERATIONS
 ) -> list[dict[str, Any]]:
-    from deepsig import aso
+    """Every cell against the baseline cell with the same other axis values, paired by seed: the
+    reported metric's per-seed differences, seed-level tests, and a two-level bootstrap (dev; test when
+    both sides scored it). A comparison by or against a cell with a degenerate run is not `valid`."""
     from statsmodels.stats.multitest import multipletests
 
     key, base_value = baseline_of(grid)
@@ -205,39 +303,49 @@ def comparisons(
             continue
         baseline_cell = tuple((k, base_value if k == key else v) for k, v in cell)
         seeds = sorted(s for (c, s) in by_cell_seed if c == cell and (baseline_cell, s) in by_cell_seed)
-        ours = [by_cell_seed[cell, s].score("dev", grid.metric) for s in seeds]
-        theirs = [by_cell_seed[baseline_cell, s].score("dev", grid.metric) for s in seeds]
+        # A seed whose metric is undefined on either side (F1 without gold positives) pairs nothing.
+        seeds = [
+            s
+            for s in seeds
+            if None not in (by_cell_seed[c, s].score("dev", grid.metric) for c in (cell, baseline_cell))
+        ]
+        if not seeds:  # nothing to pair: the cell table shows its metric as undefined
+            continue
+        ours_runs = [by_cell_seed[cell, s] for s in seeds]
+        theirs_runs = [by_cell_seed[baseline_cell, s] for s in seeds]
+        ours = [r.score("dev", grid.metric) for r in ours_runs]
+        theirs = [r.score("dev", grid.metric) for r in theirs_runs]
         differences = [a - b for a, b in zip(ours, theirs, strict=True)]
+        flagged = {"cell": _flag_counts(ours_runs, "dev"), "baseline": _flag_counts(theirs_runs, "dev")}
         row: dict[str, Any] = {
             "cell": values,
             "baseline": dict(baseline_cell),
             "seeds": seeds,
             "per_seed": differences,
             "mean_difference": statistics.mean(differences),
-            "t_test_p": None,
-            "wilcoxon_p": None,
-            "aso_epsilon": None,
+            "degenerate": flagged,
+            "valid": not flagged["cell"] and not flagged["baseline"],
+            **_seed_tests(ours, theirs, aso_iterations),
+            "bootstrap": _bootstrap(ours_runs, theirs_runs, "dev", grid.metric),
         }
-        # Seed-level tests need pairs: one seed would give Wilcoxon p = 1 and ASO 0 (not evidence).
-        if len(seeds) > 1 and len(set(differences)) > 1:
-            row["t_test_p"] = float(scipy.stats.ttest_rel(ours, theirs).pvalue)
-        if len(seeds) > 1 and any(differences):
-            row["wilcoxon_p"] = float(scipy.stats.wilcoxon(ours, theirs).pvalue)
-        if len(seeds) > 1:
-            row["aso_epsilon"] = float(
-                aso(ours, theirs, seed=0, show_progress=False, num_bootstrap_iterations=aso_iterations)
-            )
-        row["bootstrap"] = paired_bootstrap(
-            [by_cell_seed[cell, s].dev_predictions for s in seeds],
-            [by_cell_seed[baseline_cell, s].dev_predictions for s in seeds],
-        )
+        test_scores = [(a.score("test", grid.metric), b.score("test", grid.metric))
+                       for a, b in zip(ours_runs, theirs_runs, strict=True)]  # fmt: skip
+        if seeds and all(a is not None and b is not None for a, b in test_scores):
+            row["test_mean_difference"] = statistics.mean(a - b for a, b in test_scores)
+            row["test_bootstrap"] = _bootstrap(ours_runs, theirs_runs, "test", grid.metric)
         rows.append(row)
-    for test in ("t_test_p", "wilcoxon_p"):
-        tested = [row for row in rows if row[test] is not None]
+    for test in TESTS:
+        tested = [row for row in rows if row[f"{test}_p"] is not None]
         if tested:
-            corrected = multipletests([row[test] for row in tested], method="holm")[1]
+            corrected = multipletests([row[f"{test}_p"] for row in tested], method="holm")[1]
             for row, p in zip(tested, corrected, strict=True):
-                row[test.replace("_p", "_p_holm")] = float(p)
+                row[f"{test}_p_holm"] = float(p)
+        for row in rows:  # what the test could show at this row's seed count, in this Holm family
+            n = len(row["seeds"])
+            row.setdefault("smallest_p", {})[test] = array_statistics.smallest_p(test, n)
+            row.setdefault("can_reach_alpha", {})[test] = array_statistics.can_reach(
+                test, n, max(1, len(tested)), alpha=ALPHA
+            )
     return rows
 
 
@@ -308,84 +416,21 @@ def write_figures(runs: list[RunResult], cells: list[dict[str, Any]], metric: st
     return [by_cell, curves]
 
 
-def _fmt(value: float | None, digits: int = 4) -> str:
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
-
-
-def _markdown(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
-    metric = grid.metric
-    lines = [
-        "# Experiment report",
-        "",
-        f"Base config `{grid.base}`; axes `{grid.axes}`; seeds 0-{grid.num_seeds - 1}; baseline "
-        f"`{grid.baseline}`; metric `{metric}` on dev, of the parameters each run's `final_params` names "
-        f"({', '.join(sorted(report['final_params']))}).",
-        "",
-        f"| cell | dev {metric} mean ± std | 95% CI | min | max | seeds | test mean |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for c in report["cells"]:
-        dev, test = c.get("dev"), c.get("test")
-        if dev is None:
-            lines.append(f"| {c['name']} | undefined | - | - | - | 0 | - |")
-            continue
-        lines.append(
-            f"| {c['name']} | {_fmt(dev['mean'])} ± {_fmt(dev['std'])} | [{_fmt(dev['ci95_low'])}, "
-            f"{_fmt(dev['ci95_high'])}] | {_fmt(dev['min'])} | {_fmt(dev['max'])} | {dev['n']} | "
-            f"{_fmt(test['mean']) if test else '-'} |"
-        )
-    if report["ensembles"]:
-        lines += [
-            "",
-            f"Ensembles (`{grid.ensembles}`): a value `a+b` is the equal-weight average of those runs' class "
-            "probabilities, seed by seed (`ensembles/<cell>-seed<k>/`).",
-        ]
-    if report["majority_baseline"] is not None:
-        lines += [
-            "",
-            f"Majority-class dev accuracy (from the parsed labels): {report['majority_baseline']:.4f}",
-        ]
-    lines += [
-        "",
-        f"Paired by seed against the baseline (`{grid.baseline}`, same other axis values); differences in "
-        f"dev {metric} points x100; p values Holm-corrected across the table; ASO epsilon < 0.5: the cell is "
-        "better (deepsig); bootstrap: dev accuracy difference over resampled examples, averaged over seeds.",
-        "",
-        "| cell | vs | mean diff | per seed | t-test p (Holm) | Wilcoxon p (Holm) | ASO eps "
-        "| bootstrap acc diff [95% CI], p |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for row in report["comparisons"]:
-        boot = row["bootstrap"]
-        boot_text = "-"
-        if boot is not None:
-            interval = f"[{100 * boot['ci95_low']:+.2f}, {100 * boot['ci95_high']:+.2f}]"
-            boot_text = f"{100 * boot['difference']:+.2f} {interval}, {boot['p_value']:.3f}"
-        cell, versus = (Run(tuple(row[k].items()), 0).cell_name for k in ("cell", "baseline"))
-        per_seed = ", ".join(f"{100 * d:+.2f}" for d in row["per_seed"])
-        lines.append(
-            f"| {cell} | {versus} | {100 * row['mean_difference']:+.2f} | {per_seed} | "
-            f"{_fmt(row.get('t_test_p_holm'), 3)} | {_fmt(row.get('wilcoxon_p_holm'), 3)} | "
-            f"{_fmt(row['aso_epsilon'], 3)} | {boot_text} |"
-        )
-    if report["boundaries"]:
-        gap = f"train_dev_gap_{metric}"
-        lines += [
-            "",
-            "At the end of each frozen-backbone phase (mean ± std over seeds): the head's parameter norm, "
-            f"dev expected calibration error, and train-subset minus dev {metric}.",
-            "",
-            f"| cell | phase | steps | head norm | dev ECE | train - dev {metric} |",
-            "| --- | --- | --- | --- | --- | --- |",
-        ]
-        for row in report["boundaries"]:
-            shown = [
-                f"{_fmt(row[m]['mean'], 3)} ± {_fmt(row[m]['std'], 3)}" if m in row else "-"
-                for m in ("steps", "head_param_norm", "dev_ece", gap)
-            ]
-            lines.append(f"| {row['name']} | {row['phase']} | " + " | ".join(shown) + " |")
-    lines += ["", "Figures: `figures/metric_by_cell.png`, `figures/dev_curves.png` (seed 0)."]
-    return "\n".join(lines) + "\n"
+def paper_results(grid: ml_collections.ConfigDict) -> dict[str, float]:
+    """The grid's optional `paper_results`, "<cell name>: <gain in points>; ...": the gain over the
+    baseline the paper reports for that cell (its source belongs in the grid config's comment)."""
+    gains = {}
+    cells = {Run(cell, 0).cell_name for cell in dict.fromkeys(r.cell for r in runs_of(grid))}
+    for part in filter(str.strip, grid.get("paper_results", "").split(";")):
+        name, _, value = part.rpartition(":")
+        where = f"config key 'paper_results': {part.strip()!r}"
+        try:
+            gains[name.strip()] = float(value)
+        except ValueError:
+            raise config_cli.ConfigError(f"{where} is not `<cell name>: <gain in points>`") from None
+        if name.strip() not in cells and "+" not in name:  # ensembles' cells are named by the report
+            raise config_cli.ConfigError(f"{where}: no cell is named {name.strip()!r}")
+    return gains
 
 
 def build_report(
@@ -396,7 +441,13 @@ def build_report(
     return {
         "grid": grid.to_dict(),
         "runs": [
-            {"name": r.run.name, "cell": dict(r.run.cell), "seed": r.run.seed, "final": r.results["final"]}
+            {
+                "name": r.run.name,
+                "cell": dict(r.run.cell),
+                "seed": r.run.seed,
+                "final": r.results["final"],
+                "degenerate": {split: r.degenerate(split) for split in r.results["final"]},
+            }
             for r in runs
         ],
         "ensembles": [
@@ -406,12 +457,15 @@ def build_report(
                 "seed": e.run.seed,
                 "members": e.results["members"],
                 "final": e.results["final"],
+                "degenerate": {split: e.degenerate(split) for split in e.results["final"]},
             }
             for e in ensembles
         ],
         "final_params": sorted({r.results.get("final_params", "last").split(" ")[0] for r in runs}),
         "cells": cell_statistics(runs + ensembles, grid.metric),
         "comparisons": comparisons(runs + ensembles, grid, aso_iterations=aso_iterations),
+        "costs": cost_statistics(runs, ensembles),
+        "paper_results": paper_results(grid),
         "boundaries": boundary_statistics(runs, grid.metric),
         "majority_baseline": majority_baseline(runs[0].dev_predictions),
     }
@@ -426,7 +480,7 @@ def write_report(
     write_figures(load_runs(grid, workdir), report["cells"], grid.metric, workdir / "figures")
     # tmp file + rename: two shards finishing at once may both write the (same) report.
     for name, text in (("report.json", json.dumps(json_safe(report), indent=2) + "\n"),
-                       ("report.md", _markdown(grid, report))):  # fmt: skip
+                       ("report.md", experiment_markdown.render(grid, report))):  # fmt: skip
         tmp = workdir / f"{name}.{os.getpid()}.tmp"
         tmp.write_text(text)
         os.replace(tmp, workdir / name)

@@ -25,6 +25,7 @@ from stackft_jax import (
     calibration,
     checkpointing,
     config_cli,
+    degenerate,
     evaluation,
     feature_cache,
     optim,
@@ -635,6 +636,9 @@ def run(
             results = _run(config, workdir, mesh, timer)
             if jax.process_index() == 0:
                 timer.write(workdir)  # this process's phases (benchmarks/time_to_result.py)
+        closing = degenerate.warning(results["degenerate"])
+        if closing is not None:
+            log.warning("%s", closing)
         return results
 
 
@@ -725,8 +729,9 @@ def _run(
         for name in ("dev", "test"):
             if name in datasets and name not in evaluations:
                 evaluations[name] = ctx.evaluator.evaluate(params, datasets[name])
-    for name, done in evaluations.items():
-        ctx.report.predictions(name, task.prediction_records(datasets[name], done.rows))
+    written = {name: task.prediction_records(datasets[name], done.rows) for name, done in evaluations.items()}
+    for name, split_records in written.items():
+        ctx.report.predictions(name, split_records)
     final = {name: done.scores for name, done in evaluations.items() if datasets[name].labelled}
     calibrated = {}
     if config.calibration.temperature:  # fitted on dev; test (when labelled) shows how well it carries
@@ -741,6 +746,8 @@ def _run(
         "global_batch_size": global_batch,
         "phases": records,
         "final": final,
+        # Per scored split, why its score says the model learned nothing ([]: it learned; degenerate.py).
+        "degenerate": {name: degenerate.flags(written[name], scores) for name, scores in final.items()},
         "best": best,
         "data": {
             "label_names": list(task.output_names),
@@ -751,6 +758,9 @@ def _run(
             ),
         },
         "final_params": scored,  # which parameters `final` scored: "last", or "best (global step N)"
+        # What the result cost (the grid report's cost table): optimizer steps and training examples.
+        "train_steps": sum(r["steps"] for r in records),
+        "examples_seen": sum(r["steps"] for r in records) * global_batch,
         # Training and evaluation time summed over every process lifetime of this run (resumes too).
         "wall_time_s": sum(r["wall_time_s"] for r in records) + time.time() - final_started,
         **calibrated,

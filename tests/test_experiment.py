@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from stackft_jax import config_cli, experiment_report, grid, metrics, predictions
+from stackft_jax import config_cli, degenerate, experiment_report, grid, metrics, predictions
 from tests.conftest import REPO
 
 ASO_ITERATIONS = 50  # deepsig's default of 1000 takes half a minute per comparison
@@ -479,3 +479,199 @@ def test_a_killed_grid_resumes_and_shards_give_the_same_report(tmp_path):
         assert _experiment(sharded, "--report_only").returncode == 0
     reports = [json.loads((w / "report.json").read_text()) for w in (whole, sharded)]
     assert _comparable(reports[0]) == _comparable(reports[1])
+
+
+def _scored_run(workdir, run: grid.Run, splits: dict[str, tuple[list, list]], **results) -> None:
+    """A finished run scored on each split's (predicted, labels), its results.json's metrics computed from
+    them as train.run does: classification (ints) or tagging (tag-name lists)."""
+    records, final = {}, {}
+    for split, (predicted, labels) in splits.items():
+        if isinstance(labels[0], list):
+            final[split] = metrics.entity_scores(labels, predicted)
+            records[split] = [{"key": f"s{i}", "prediction": p, "label": y}
+                              for i, (p, y) in enumerate(zip(predicted, labels, strict=True))]  # fmt: skip
+        else:
+            final[split] = metrics.compute_metrics(
+                ("accuracy", "f1"), np.asarray(predicted), np.asarray(labels)
+            )
+            records[split] = [
+                {"key": f"e{i}", "prediction": p, "label": y, "probabilities": [1.0 - p, float(p)]}
+                for i, (p, y) in enumerate(zip(predicted, labels, strict=True))
+            ]
+    run_dir = workdir / "runs" / run.name
+    run_dir.mkdir(parents=True)
+    body = {"final": final, "final_params": "last", "phases": [{"phase": "phase2", "steps": 3}]} | results
+    (run_dir / "results.json").write_text(json.dumps(body))
+    for split, split_records in records.items():
+        predictions.write(predictions.path(run_dir, split), split_records)
+    (run_dir / "metrics.jsonl").write_text("")
+
+
+LABELS_12 = [1, 0, 1, 0, 1, 0, 0, 0, 1, 0, 0, 1]  # majority (0) 7/12
+
+
+def _learned(seed: int, wrong: int) -> list[int]:
+    """LABELS_12 with `wrong` examples flipped, starting at a seed-dependent place."""
+    predicted = list(LABELS_12)
+    for i in range(wrong):
+        j = (seed + 3 * i) % len(predicted)
+        predicted[j] = 1 - predicted[j]
+    return predicted
+
+
+def test_a_degenerate_baseline_is_flagged_and_its_comparisons_are_not_wins(tmp_path):
+    g = _grid(axes="strategy=finetune_only|stack_only|stack_and_finetune", num_seeds=3)
+    for run in grid.runs_of(g):
+        strategy = run.cell[0][1]
+        predicted = {"finetune_only": [0] * 12, "stack_only": _learned(run.seed, 3)}.get(
+            strategy, _learned(run.seed, 1)
+        )
+        _scored_run(tmp_path, run, {"dev": (predicted, LABELS_12)})
+    experiment_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    report = json.loads((tmp_path / "report.json").read_text())
+    collapsed = next(c for c in report["cells"] if c["name"] == "strategy=finetune_only")
+    assert collapsed["degenerate"] == {"dev": {"one_class": 3, "f1_zero": 3, "at_or_below_majority": 3}}
+    assert all("degenerate" not in c for c in report["cells"] if c["name"] != "strategy=finetune_only")
+    assert report["runs"][0]["degenerate"] == {"dev": ["one_class", "f1_zero", "at_or_below_majority"]}
+    for row in report["comparisons"]:
+        assert row["mean_difference"] > 0 and row["valid"] is False
+        assert row["degenerate"] == {"cell": {}, "baseline": collapsed["degenerate"]["dev"]}
+    text = (tmp_path / "report.md").read_text()
+    assert "| strategy=finetune_only | 0.5833 ± 0.0000 |" in text
+    assert "**dev**: one_class 3/3, f1_zero 3/3, at_or_below_majority 3/3 |" in text
+    # The gain is struck through and named invalid, in the comparisons and the paper layout alike.
+    assert "| strategy=stack_and_finetune | strategy=finetune_only | no: baseline one_class 3/3" in text
+    assert f"~~+{100 * (11 / 12 - 7 / 12):.2f}~~" in text
+    assert "| not found |" in text and text.count("| no |") == 2
+
+
+def test_the_bootstrap_recomputes_entity_f1_and_test_is_shown_beside_dev(tmp_path):
+    gold = [
+        ["B-PER", "I-PER", "O"],
+        ["O", "B-LOC", "O", "B-ORG"],
+        ["B-PER", "O"],
+        ["O", "B-LOC", "I-LOC"],
+    ] * 3
+    g = _grid(axes="strategy=finetune_only|stack_and_finetune", num_seeds=2, metric="f1")
+
+    def tagged(seed: int, misses: int) -> list[list[str]]:
+        predicted = [list(s) for s in gold]
+        for i in range(misses):  # drop one gold entity's B- tag per miss
+            sentence = predicted[(seed + 2 * i) % len(predicted)]
+            first = next((j for j, t in enumerate(sentence) if t.startswith("B-")), None)
+            if first is not None:
+                sentence[first] = "O"
+        return predicted
+
+    for run in grid.runs_of(g):
+        misses = 5 if run.cell[0][1] == "finetune_only" else 2
+        _scored_run(
+            tmp_path, run, {"dev": (tagged(run.seed, misses), gold), "test": (tagged(1, misses), gold)}
+        )
+    experiment_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    report = json.loads((tmp_path / "report.json").read_text())
+    (row,) = report["comparisons"]
+    # The bootstrap's observed difference is the reported metric's (entity F1), seed by seed averaged.
+    assert row["valid"] and row["bootstrap"]["difference"] == pytest.approx(row["mean_difference"])
+    assert row["bootstrap"]["ci95_low"] <= row["mean_difference"] <= row["bootstrap"]["ci95_high"]
+    assert row["test_mean_difference"] > 0
+    assert row["test_bootstrap"]["difference"] == pytest.approx(row["test_mean_difference"])
+    cell = report["cells"][1]
+    assert cell["test"]["n"] == 2 and cell["test"]["std"] == 0.0
+    text = (tmp_path / "report.md").read_text()
+    assert f"| {_fmt4(cell['test']['mean'])} ± 0.0000 |" in text
+    assert f"| {100 * row['test_mean_difference']:+.2f} |" in text
+
+
+def _fmt4(value: float) -> str:
+    return f"{value:.4f}"
+
+
+def test_report_states_what_tests_can_show_at_five_seeds(tmp_path):
+    g = _grid(axes="strategy=finetune_only|stack_and_finetune", num_seeds=5)
+    for run in grid.runs_of(g):
+        better = run.cell[0][1] == "stack_and_finetune"
+        _scored_run(tmp_path, run, {"dev": (_learned(run.seed, 1 if better else 3), LABELS_12)})
+    experiment_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    (row,) = json.loads((tmp_path / "report.json").read_text())["comparisons"]
+    assert row["per_seed"] == pytest.approx([2 / 12] * 5)  # better at every seed, by the same amount
+    assert row["sign_flip_p"] == pytest.approx(1 / 32) and row["wilcoxon_p"] == pytest.approx(0.0625)
+    assert row["smallest_p"] == {"t_test": 0.0, "wilcoxon": 0.0625, "sign_flip": 1 / 32}
+    assert row["can_reach_alpha"] == {"t_test": True, "wilcoxon": False, "sign_flip": True}
+    assert row["t_test_p"] is None  # no spread in the differences
+    text = (tmp_path / "report.md").read_text()
+    assert "0.062 (0.062) †" in text and "0.031 (0.031) |" in text
+    assert "Wilcoxon 2/2^n (0.0625 at 5)" in text
+
+
+def test_costs_per_cell_and_the_papers_gains(tmp_path):
+    g = _grid(
+        axes="strategy=finetune_only|stack_and_finetune",
+        num_seeds=2,
+        paper_results="strategy=stack_and_finetune: +4.7",
+    )
+    for run in grid.runs_of(g):
+        stacked = run.cell[0][1] == "stack_and_finetune"
+        costs = {"train_steps": 6 if stacked else 3, "examples_seen": 96 if stacked else 48,
+                 "wall_time_s": 10.0 + run.seed}  # fmt: skip
+        _scored_run(tmp_path, run, {"dev": (_learned(run.seed, 1 if stacked else 2), LABELS_12)}, **costs)
+    experiment_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    report = json.loads((tmp_path / "report.json").read_text())
+    stacked = next(c for c in report["costs"] if c["name"] == "strategy=stack_and_finetune")
+    assert (stacked["n"], stacked["train_steps"]["mean"], stacked["examples_seen"]["total"]) == (2, 6, 192)
+    assert stacked["wall_time_s"] == {"mean": 10.5, "total": 21.0}
+    assert report["paper_results"] == {"strategy=stack_and_finetune": 4.7}
+    text = (tmp_path / "report.md").read_text()
+    assert "| strategy=stack_and_finetune | 2 | 6 | 96 | 10.5 | 21.0 |" in text
+    assert "| strategy=stack_and_finetune | strategy=finetune_only | +4.70 | +8.33 [" in text
+
+    with pytest.raises(config_cli.ConfigError, match="no cell is named 'strategy=nope'"):
+        experiment_report.paper_results(_grid(paper_results="strategy=nope: 1.0"))
+
+
+COMMITTABLE = ("results.json", "config.json", "metrics.jsonl", "timings.json", "predictions/dev.jsonl",
+               "predictions/test.jsonl")  # fmt: skip
+
+
+def test_the_report_needs_only_the_committable_files_of_each_run(tmp_path, caplog):
+    # A real tiny grid, one seed, scored on a labelled test file too; its runs reduced to the small files
+    # one commits per run (no checkpoints, caches or events): `--report_only` gives the same report.
+    grid_file = tmp_path / "tiny_with_test.py"
+    grid_file.write_text(
+        "from configs.experiments import tiny\n\n\ndef get_config(arg=None):\n"
+        "    c = tiny.get_config()\n    c.num_seeds = 1\n"
+        f"    c.base += ',data.test_file={REPO / 'tests/fixtures/qqp/dev.tsv'}'\n    return c\n"
+    )
+    g = config_cli.load(str(grid_file), [])
+    full, committed = tmp_path / "full", tmp_path / "committed"
+    with caplog.at_level("INFO"):
+        assert grid.run_grid(g, full)
+    for run_dir in (full / "runs").iterdir():
+        results = json.loads((run_dir / "results.json").read_text())
+        steps = 3 * len(results["phases"])  # 3 steps per phase: finetune_only 1 phase, stack_and_finetune 2
+        assert results["train_steps"] == steps
+        assert results["examples_seen"] == steps * results["global_batch_size"]
+        for split in ("dev", "test"):  # the flags train.run wrote are the ones its prediction files give
+            records = list(predictions.read(predictions.path(run_dir, split)).values())
+            assert results["degenerate"][split] == degenerate.flags(records, results["final"][split])
+        for name in COMMITTABLE:
+            (committed / "runs" / run_dir.name / name).parent.mkdir(parents=True, exist_ok=True)
+            (committed / "runs" / run_dir.name / name).write_bytes((run_dir / name).read_bytes())
+    last = [r for r in caplog.records if r.name == "stackft_jax.train"][-1]
+    flagged = json.loads((full / "runs" / "strategy=stack_and_finetune-seed0" / "results.json").read_text())
+    if flagged["degenerate"]["dev"]:  # a degenerate run says so in its last line
+        assert last.levelname == "WARNING" and flagged["degenerate"]["dev"][0] in last.getMessage()
+
+    experiment_report.write_report(g, full, aso_iterations=ASO_ITERATIONS)  # one seed: no ASO either way
+    proc = subprocess.run(
+        [sys.executable, "-m", "stackft_jax.experiment", f"--config={grid_file}", f"--workdir={committed}",
+         "--report_only"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    reports = [json.loads((w / "report.json").read_text()) for w in (full, committed)]
+    keys = ("runs", "ensembles", "cells", "comparisons", "costs", "majority_baseline")
+    assert {k: reports[0][k] for k in keys} == {k: reports[1][k] for k in keys}
+    assert "test" in reports[1]["cells"][0] and "test_mean_difference" in reports[1]["comparisons"][0]
+    assert len(reports[1]["costs"]) == 3  # two cells and their ensemble
+    assert not list(committed.rglob("checkpoints")) and (committed / "report.md").is_file()

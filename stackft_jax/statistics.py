@@ -1,0 +1,200 @@
+"""Statistics on arrays for the grid report (experiment_report.py): the reported metric from per-example
+counts, a two-level paired bootstrap, an exact sign-flip test over seeds, and each test's smallest p.
+
+Per-example counts make every resample a sum: a metric is a function of count totals (accuracy: correct
+and total; binary F1: true positives, predicted and gold positives; strict entity F1: the same per
+sentence, from seqeval's own entity extraction; Pearson r: its sufficient sums). So the bootstrap
+recomputes the metric the table reports, not a proxy, and stays vectorised numpy.
+"""
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+BOOTSTRAP_SAMPLES = 1000
+SEED_TESTS = ("t_test", "wilcoxon", "sign_flip")  # the report's tests over seeds, each Holm-corrected
+_GATHERED = 4_000_000  # counts gathered per bootstrap chunk [resamples, seeds, examples, k]: ~32 MB
+_MAX_EXACT_SEEDS = 20  # 2^20 sign vectors
+
+
+@dataclasses.dataclass(frozen=True)
+class Counts:
+    """Per-example counts [examples, k] and the metric of their totals [..., k] -> [...]."""
+
+    counts: np.ndarray
+    metric: Callable[[np.ndarray], np.ndarray]
+
+
+def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(denominator > 0, numerator / np.where(denominator > 0, denominator, 1), np.nan)
+
+
+def _f1(totals: np.ndarray) -> np.ndarray:
+    """[..., (true positives, predicted, gold)] -> F1 = 2 tp / (predicted + gold); NaN without gold."""
+    tp, predicted, gold = totals[..., 0], totals[..., 1], totals[..., 2]
+    return np.where(gold > 0, _ratio(2 * tp, predicted + gold), np.nan)
+
+
+def _pearson(totals: np.ndarray) -> np.ndarray:
+    n, sx, sy, sxx, syy, sxy = np.moveaxis(totals, -1, 0)
+    covariance = n * sxy - sx * sy
+    with np.errstate(invalid="ignore"):
+        return _ratio(covariance, np.sqrt(np.maximum(n * sxx - sx**2, 0) * np.maximum(n * syy - sy**2, 0)))
+
+
+def _macro_f1(num_classes: int) -> Callable[[np.ndarray], np.ndarray]:
+    """Mean F1 over the classes that occur in labels or predictions (sklearn's macro F1)."""
+
+    def metric(totals: np.ndarray) -> np.ndarray:
+        per_class = totals.reshape(*totals.shape[:-1], num_classes, 3)
+        tp, predicted, gold = per_class[..., 0], per_class[..., 1], per_class[..., 2]
+        present = (predicted + gold) > 0
+        f1 = np.where(present, _ratio(2 * tp, predicted + gold), 0.0)
+        return f1.sum(-1) / present.sum(-1)
+
+    return metric
+
+
+def entity_counts(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> dict[str, np.ndarray]:
+    """Per sentence [sentences, 3]: (exactly matched, predicted, gold) entities under seqeval's strict IOB2
+    extraction, overall ("") and per entity type; their totals give metrics.entity_scores' F1."""
+    from seqeval.scheme import IOB2, Entities
+
+    gold_entities = Entities([list(s) for s in gold], IOB2).entities
+    predicted_entities = Entities([list(s) for s in predicted], IOB2).entities
+    types = sorted({e.tag for sentence in gold_entities + predicted_entities for e in sentence})
+    counts = {t: np.zeros((len(gold), 3)) for t in ["", *types]}
+    for i, (g, p) in enumerate(zip(gold_entities, predicted_entities, strict=True)):
+        g, p = {e.to_tuple() for e in g}, {e.to_tuple() for e in p}
+        for t in counts:
+            gt, pt = ({e for e in s if not t or e[1] == t} for s in (g, p))
+            counts[t][i] = (len(gt & pt), len(pt), len(gt))
+    return counts
+
+
+def example_counts(records: Sequence[Mapping[str, Any]], metric: str) -> Counts | None:
+    """The per-example counts of `metric` (a key of results.json's `final.dev`) for one run's prediction
+    records; None for a metric that is no function of sums (spearman, loss)."""
+    first = records[0]
+    if isinstance(first["label"], list):  # tagging
+        if metric == "accuracy":
+            counts = [[sum(p == g for p, g in zip(r["prediction"], r["label"], strict=True)), len(r["label"])]
+                      for r in records]  # fmt: skip
+            return Counts(np.asarray(counts, float), lambda t: _ratio(t[..., 0], t[..., 1]))
+        if metric in ("f1", "precision", "recall") or metric.startswith("f1_"):
+            entity_type = metric[3:] if metric.startswith("f1_") else ""
+            by_type = entity_counts([r["label"] for r in records], [r["prediction"] for r in records])
+            counts = by_type.get(entity_type, np.zeros((len(records), 3)))
+            if metric == "precision":
+                return Counts(counts, lambda t: _ratio(t[..., 0], t[..., 1]))
+            if metric == "recall":
+                return Counts(counts, lambda t: _ratio(t[..., 0], t[..., 2]))
+            return Counts(counts, _f1)
+        return None
+    predicted = np.asarray([r["prediction"] for r in records], float)
+    labels = np.asarray([r["label"] for r in records], float)
+    if metric == "accuracy":
+        return Counts(np.stack([predicted == labels, np.ones_like(labels)], 1).astype(float),
+                      lambda t: _ratio(t[..., 0], t[..., 1]))  # fmt: skip
+    if metric == "f1":
+        positive, gold = predicted == 1, labels == 1
+        return Counts(np.stack([positive & gold, positive, gold], 1).astype(float), _f1)
+    if metric == "macro_f1":
+        num_classes = len(first["probabilities"]) if "probabilities" in first else int(labels.max()) + 1
+        classes = np.arange(num_classes)
+        p, g = predicted[:, None] == classes, labels[:, None] == classes
+        counts = np.stack([p & g, p, g], -1).reshape(len(records), 3 * num_classes).astype(float)
+        return Counts(counts, _macro_f1(num_classes))
+    if metric == "pearson":
+        x, y = predicted, labels
+        return Counts(np.stack([np.ones_like(x), x, y, x * x, y * y, x * y], 1), _pearson)
+    return None
+
+
+def metric_of(counts: Counts) -> float:
+    return float(counts.metric(counts.counts.sum(0)))
+
+
+def two_level_bootstrap(
+    cell: np.ndarray,
+    baseline: np.ndarray,
+    metric: Callable[[np.ndarray], np.ndarray],
+    *,
+    samples: int = BOOTSTRAP_SAMPLES,
+    seed: int = 0,
+) -> dict[str, float]:
+    """The paired difference in `metric` (cell - baseline, mean over seeds) with a 95% percentile interval
+    and a two-sided p, from `samples` resamples of seeds and then, within each resampled seed, of its
+    examples (the same examples for both sides of the pair): the interval covers seed-to-seed and
+    example variance. `cell`, `baseline`: per-example counts [seeds, examples, k], paired by seed and
+    example. A p of 0 means no resample reached 0: report it as < 1/samples."""
+    num_seeds, num_examples, k = cell.shape
+    chunk = max(1, _GATHERED // (num_seeds * num_examples * k))
+    rng = np.random.default_rng(seed)
+    differences = []
+    for start in range(0, samples, chunk):
+        size = min(chunk, samples - start)
+        seeds = rng.integers(0, num_seeds, size=(size, num_seeds))
+        examples = rng.integers(0, num_examples, size=(size, num_seeds, num_examples))
+        ours = cell[seeds[..., None], examples].sum(2)  # [size, seeds, k]
+        theirs = baseline[seeds[..., None], examples].sum(2)
+        differences.append(np.nanmean(metric(ours) - metric(theirs), axis=1))
+    resampled = np.concatenate(differences)
+    observed = float(np.mean(metric(cell.sum(1)) - metric(baseline.sum(1))))
+    p = 2 * min(np.mean(resampled <= 0), np.mean(resampled >= 0))
+    low, high = np.nanpercentile(resampled, [2.5, 97.5])
+    return {"difference": observed, "ci95_low": float(low), "ci95_high": float(high),
+            "p_value": float(min(p, 1.0)), "samples": samples}  # fmt: skip
+
+
+def sign_flip_test(differences: Sequence[float], alternative: str = "greater") -> float:
+    """Exact paired permutation test over seeds: the share of the 2^n sign assignments of the per-seed
+    differences whose mean is at least the observed one (`greater`: the cell better), or at least as
+    far from 0 (`two-sided`). Its smallest p is 1/2^n (greater) or 2/2^n (two-sided)."""
+    d = np.asarray(differences, float)
+    if len(d) > _MAX_EXACT_SEEDS:
+        raise ValueError(f"an exact sign-flip test over {len(d)} seeds enumerates 2^{len(d)} assignments")
+    signs = np.asarray(list(itertools.product((1.0, -1.0), repeat=len(d))))
+    means = signs @ d / len(d)
+    observed, tolerance = d.mean(), 1e-12 * max(1.0, float(np.abs(d).max()))
+    if alternative == "greater":
+        return float(np.mean(means >= observed - tolerance))
+    if alternative == "two-sided":
+        return float(np.mean(np.abs(means) >= abs(observed) - tolerance))
+    raise ValueError(f"alternative={alternative!r}: choose greater or two-sided")
+
+
+def smallest_p(test: str, n: int, *, samples: int = BOOTSTRAP_SAMPLES) -> float:
+    """The smallest p `test` can give at `n` seeds: exact two-sided Wilcoxon 2/2^n, one-sided sign flip
+    1/2^n, bootstrap 1/samples (reported as < 1/samples), paired t-test 0 (continuous)."""
+    if test == "t_test":
+        return 0.0
+    if test == "wilcoxon":
+        return 2 / 2**n
+    if test == "sign_flip":
+        return 1 / 2**n
+    if test == "bootstrap":
+        return 1 / samples
+    raise ValueError(f"unknown test {test!r}")
+
+
+def can_reach(
+    test: str, n: int, family_size: int, *, alpha: float = 0.05, samples: int = BOOTSTRAP_SAMPLES
+) -> bool:
+    """Whether `test` at `n` seeds can reject at `alpha` after Holm over `family_size` tests: its
+    smallest p times the family size must reach alpha (Holm's first step)."""
+    return smallest_p(test, n, samples=samples) * family_size <= alpha
+
+
+def format_p(p: float | None, samples: int | None = None) -> str:
+    """A p value for the table; a bootstrap p of 0 is `< 1/samples`, never 0."""
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return "-"
+    if samples is not None and p < 1 / samples:
+        return f"< 1/{samples}"
+    return f"{p:.3f}"
