@@ -231,7 +231,7 @@ def test_config_rejects_other_architectures_naming_the_file(tiny_dir, tmp_path):
     config = json.loads((tiny_dir / "config.json").read_text())
     assert BertConfig.from_dict(config) == tiny_config()
     for key, value in [
-        ("model_type", "roberta"),
+        ("model_type", "gpt2"),
         ("position_embedding_type", "relative_key"),
         ("hidden_act", "swish"),
     ]:
