@@ -86,6 +86,7 @@ def synthetic_batch(batch_size: int, seq_len: int, vocab_size: int, seed: int = 
     return {
         "input_ids": input_ids.astype(np.int32),
         "token_type_ids": token_type_ids,
+        "segment_ids": (token_type_ids + 1) * real,
         "attention_mask": real.astype(np.int32),
         "labels": rng.integers(0, 2, batch_size).astype(np.int32),
         "example_mask": np.ones(batch_size, np.float32),

@@ -148,7 +148,8 @@ _DROPOUT_KEYS = {"hidden_dropout_prob", "attention_probs_dropout_prob"}
 
 
 def backbone_config(config, model_dir: Path) -> bert.BertConfig:
-    """The checkpoint's BERT config with `config.model.config_overrides` and `dropout_rate` applied."""
+    """The checkpoint's encoder config (any family of bert.FAMILIES) with `config.model.config_overrides`
+    and `dropout_rate` applied."""
     overrides = {k: v for k, v in config.model.config_overrides.items() if v}
     if config.model.dropout_rate is not None:
         overrides.update(dict.fromkeys(_DROPOUT_KEYS, config.model.dropout_rate))
@@ -638,11 +639,12 @@ def _run(
 ) -> dict[str, Any]:
     task = tasks.get_task(config.data.task).configure(config.data)
     model_dir = bert.resolve_model_dir(config.model.name_or_path)
-    positions = backbone_config(config, model_dir).max_position_embeddings
-    if config.max_seq_length > positions:
+    encoder = backbone_config(config, model_dir)
+    if config.max_seq_length > encoder.max_sequence_length:
         raise ValueError(
-            f"config.max_seq_length={config.max_seq_length} exceeds the {positions} positions of the model "
-            f"in {model_dir} (max_position_embeddings in its config.json)"
+            f"config.max_seq_length={config.max_seq_length} exceeds the {encoder.max_sequence_length} "
+            f"tokens the model in {model_dir} holds (max_position_embeddings="
+            f"{encoder.max_position_embeddings} in its config.json)"
         )
     with timer.phase("data"):
         datasets = load_datasets(config, task, tokenization.load_tokenizer(model_dir))

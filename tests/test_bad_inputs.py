@@ -34,7 +34,7 @@ def test_non_utf8_bytes_name_file_and_line(tmp_path):
 
 
 def test_max_seq_length_above_the_models_positions(tmp_path):
-    with pytest.raises(ValueError, match=r"config.max_seq_length=600 exceeds the 512 positions of the model"):
+    with pytest.raises(ValueError, match=r"config.max_seq_length=600 exceeds the 512 tokens the model"):
         train.run(tiny.get_config("max_seq_length=600"), tmp_path)
 
 

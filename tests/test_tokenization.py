@@ -25,7 +25,7 @@ def encode(tokenizer, task, examples, max_seq_length, **kwargs):
 def test_pair_segments_and_padding(tokenizer):
     examples = [Example("Why is the sky blue?", "What colour is the sea?", 1, "k")]
     ds = encode(tokenizer, QQP, examples, 32)
-    assert set(ds) == {"input_ids", "token_type_ids", "lengths", "labels"}
+    assert set(ds) == {"input_ids", "token_type_ids", "segment_ids", "lengths", "labels"}
     n = int(ds["lengths"][0])
     ids, types = ds["input_ids"][0], ds["token_type_ids"][0]
     assert ds["input_ids"].shape == ds["token_type_ids"].shape == (1, 32)
@@ -36,6 +36,10 @@ def test_pair_segments_and_padding(tokenizer):
     assert tokens[1:first_sep] == ["why", "is", "the", "sky", "blue", "?"]
     assert (types[: first_sep + 1] == 0).all() and (types[first_sep + 1 : n] == 1).all()
     assert (ids[n:] == tokenizer.loaded.pad_token_id).all() and (types[n:] == 0).all()
+    # Which text each token is from: the special tokens and the padding belong to neither.
+    segments = ds["segment_ids"][0]
+    assert segments.dtype == np.int32
+    assert segments.tolist() == [0] + [1] * (first_sep - 1) + [0] + [2] * (n - first_sep - 2) + [0] * (33 - n)
     assert ds["labels"].tolist() == [1] and ds["labels"].dtype == np.int32
 
 
@@ -45,6 +49,8 @@ def test_single_sentences_have_one_segment(tokenizer):
     assert len(ds["lengths"]) == 8
     assert (ds["token_type_ids"] == 0).all()
     assert ((ds["input_ids"] == tokenizer.loaded.sep_token_id).sum(axis=1) == 1).all()
+    assert ((ds["segment_ids"] == 1).sum(axis=1) == ds["lengths"] - 2).all()
+    assert (ds["segment_ids"] != 2).all()
 
 
 def test_truncation_respects_max_seq_length_and_keeps_both_segments(tokenizer):

@@ -37,6 +37,8 @@ def test_first_sub_token_of_each_word_is_labelled(tokenizer):
     assert len(tokenizer("Zorblaxian", add_special_tokens=False)["input_ids"]) > 1  # really sub-tokens
     assert arrays["labels"][0][:5].tolist() == [TAG_IDS["B-MISC"], 0, 0, TAG_IDS["B-LOC"], -1]
     assert (arrays["token_type_ids"] == 0).all()
+    n = arrays["lengths"][0]
+    assert arrays["segment_ids"][0].tolist() == [0] + [1] * (n - 2) + [0] * (33 - n)
 
 
 def test_long_sentences_are_split_and_joined_back(tokenizer):
