@@ -116,7 +116,12 @@ def build_jax(config: ml_collections.ConfigDict) -> JaxModel:
     graphdef, state = nnx.split(model)
     mesh = sharding.make_mesh()
     params = jax.device_put(nnx.to_pure_dict(state), sharding.replicated(mesh))
-    plan = phases.phases_for(config, steps_per_epoch=1000, num_layers=bert_config.num_hidden_layers)
+    plan = phases.phases_for(
+        config,
+        steps_per_epoch=1000,
+        num_layers=bert_config.num_hidden_layers,
+        has_pooler=bert_config.family.has_pooler,
+    )
     return JaxModel(config, task, bert_config, graphdef, params, mesh, {phase.name: phase for phase in plan})
 
 

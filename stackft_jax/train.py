@@ -674,7 +674,9 @@ def _run(
         timer=timer,
     )
     steps_per_epoch = batching.steps_per_epoch(datasets["train"].num_rows, global_batch)
-    plan = phases.phases_for(config, steps_per_epoch, bert_config.num_hidden_layers)
+    plan = phases.phases_for(
+        config, steps_per_epoch, bert_config.num_hidden_layers, has_pooler=bert_config.family.has_pooler
+    )
     ctx.param_names = tuple(optim.path_str(path) for path, _ in jax.tree_util.tree_leaves_with_path(params))
     phases.check_rules(plan, ctx.param_names)  # every phase's, before the first one trains
     log.info(
