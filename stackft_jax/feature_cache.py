@@ -186,6 +186,8 @@ def _fingerprint(
         f"{np.dtype(backbone.dtype).name}|{batch_shapes}".encode()
     )
     checkpointing.hash_leaves(h, params["backbone"])
+    # What the backbone reads; `segment_ids` (which text a token is from) only reaches the head, and
+    # batches read it from the dataset, not from the cache.
     for array in (ds["input_ids"], ds["token_type_ids"], ds["lengths"]):
         h.update(f"{array.dtype}|{array.shape}".encode())
         h.update(np.ascontiguousarray(array).tobytes())

@@ -8,7 +8,7 @@ pooler; DistilBERT has no token types and no pooler, and names its parameters di
 without a pooler hands the heads the last layer's first-token state ([CLS] / <s>) as `pooled`.
 
 Parameter layout, the same for every family (`nnx.to_pure_dict(nnx.state(model, nnx.Param))`; the BERT
-name each comes from; `_RENAMES` maps the other families' names onto these):
+name each comes from; `Family.layer_modules` maps DistilBERT's names onto these):
 
     embeddings/word_embeddings/embedding          embeddings.word_embeddings.weight
     embeddings/position_embeddings/embedding      embeddings.position_embeddings.weight
@@ -136,7 +136,9 @@ class BertConfig:
     initializer_range: float = 0.02
     model_type: str = "bert"
     embedding_size: int | None = None  # ELECTRA: the embeddings' width, projected to hidden_size
-    sinusoidal_positions: bool = False  # DistilBERT: position table initialised to sinusoids
+    # DistilBERT: position table initialised to sinusoids (it then trains like any parameter here;
+    # transformers keeps it fixed). A checkpoint holds the table, so loading needs nothing of this.
+    sinusoidal_positions: bool = False
 
     def __post_init__(self):
         if self.model_type not in FAMILIES:

@@ -1,0 +1,84 @@
+"""End to end with a RoBERTa-shaped encoder (random weights, a byte-level BPE tokenizer trained here): a
+pair head and a tagging head under stack_and_finetune, each resumed bit-identically after kills.
+
+Nothing here is specific to RoBERTa in the library: the run goes through the same command line as BERT's,
+with `model.name_or_path` pointing at a folder that holds the family's config.json, safetensors weights
+and tokenizer, as a downloaded roberta-base would.
+"""
+
+import json
+import math
+import signal
+from pathlib import Path
+
+import pytest
+
+from configs import tiny
+from stackft_jax.data.samples import sample_path
+from tests import encoders
+from tests.test_train import _assert_same_run
+
+# The tiny config's architecture overrides off: the architecture is the folder's config.json.
+PRETRAINED = (
+    "--config.model.init=pretrained",
+    *(
+        f"--config.model.config_overrides.{key}=0"
+        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+    ),
+)
+HEADS = {
+    "bimpm": (
+        "configs/tiny.py",
+        16,
+        (
+            "--config.head.name=bimpm",
+            "--config.head.bimpm.context_lstm_units=8",
+            "--config.head.bimpm.num_perspectives=4",
+            "--config.head.bimpm.aggregation_lstm_units=8",
+            "--config.head.bimpm.mlp_hidden_dim=16",
+        ),
+    ),
+    "bilstm_crf": ("configs/tiny.py:conll", 101, ("--config.head.name=bilstm_crf",)),
+}
+
+
+@pytest.fixture(scope="module")
+def roberta_dir(tmp_path_factory) -> Path:
+    """A random 2-layer RoBERTa (padding id 1, one token type, positions from 2) and a BPE tokenizer
+    trained on the fixtures' texts, saved together."""
+    folder = tmp_path_factory.mktemp("roberta")
+    texts = [
+        line
+        for path in (
+            tiny.FIXTURES / "qqp" / "train.tsv",
+            tiny.FIXTURES / "qqp" / "dev.tsv",
+            sample_path("conll_train.txt"),
+            sample_path("conll_dev.txt"),
+        )
+        for line in Path(path).read_text().splitlines()
+    ]
+    tokenizer = encoders.train_bpe(folder, texts, vocab_size=500)
+    model = encoders.random_encoder("roberta", **encoders.SMALL, vocab_size=len(tokenizer), std=0.05)
+    model.save_pretrained(folder)
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "roberta"
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("head", HEADS)
+def test_roberta_runs_stack_and_finetune_and_resumes_bit_identically(head, roberta_dir, tmp_path, run_cli):
+    config, num_dev_examples, head_args = HEADS[head]
+    args = (f"--config.model.name_or_path={roberta_dir}", *PRETRAINED, *head_args)
+    uninterrupted, resumed = tmp_path / "uninterrupted", tmp_path / "resumed"
+    proc = run_cli(uninterrupted, *args, config=config)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((uninterrupted / "results.json").read_text())
+    assert results["strategy"] == "stack_and_finetune"
+    assert [p["phase"] for p in results["phases"]] == ["phase1", "phase2"]
+    assert math.isfinite(results["final"]["dev"]["accuracy"]) and results["final"]["dev"]["loss"] > 0
+    for kill_at in ("phase1:3", "phase2:5"):
+        proc = run_cli(resumed, *args, config=config, kill_at=kill_at)
+        assert proc.returncode == -signal.SIGKILL, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_cli(resumed, *args, config=config)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _assert_same_run(uninterrupted, resumed, num_dev_examples=num_dev_examples)
