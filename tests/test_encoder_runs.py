@@ -1,5 +1,7 @@
 """End to end with a RoBERTa-shaped encoder (random weights, a byte-level BPE tokenizer trained here): a
-pair head and a tagging head under stack_and_finetune, each resumed bit-identically after kills.
+pair head and a tagging head under stack_and_finetune, each resumed bit-identically after kills. Then the
+families without a pooler (DistilBERT, ELECTRA) through the feature cache, the scalar mix and gradual
+unfreezing.
 
 Nothing here is specific to RoBERTa in the library: the run goes through the same command line as BERT's,
 with `model.name_or_path` pointing at a folder that holds the family's config.json, safetensors weights
@@ -8,6 +10,7 @@ and tokenizer, as a downloaded roberta-base would.
 
 import json
 import math
+import shutil
 import signal
 from pathlib import Path
 
@@ -15,6 +18,7 @@ import pytest
 
 from configs import tiny
 from stackft_jax.data.samples import sample_path
+from stackft_jax.models import bert
 from tests import encoders
 from tests.test_train import _assert_same_run
 
@@ -82,3 +86,61 @@ def test_roberta_runs_stack_and_finetune_and_resumes_bit_identically(head, rober
     proc = run_cli(resumed, *args, config=config)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _assert_same_run(uninterrupted, resumed, num_dev_examples=num_dev_examples)
+
+
+@pytest.fixture(scope="module")
+def wordpiece_family_dir(tmp_path_factory):
+    """`make(family)`: a folder with a random 2-layer encoder of `family` and the embedded MiniLM's
+    WordPiece tokenizer (ELECTRA's and DistilBERT's released tokenizers are BERT's)."""
+    minilm = bert.resolve_model_dir(bert.EMBEDDED_MODEL)
+
+    def make(family: str) -> Path:
+        folder = tmp_path_factory.mktemp(family)
+        for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            shutil.copy(minilm / name, folder / name)
+        vocab_size = len((minilm / "vocab.txt").read_text().splitlines())
+        model = encoders.random_encoder(family, **encoders.SMALL, vocab_size=vocab_size, std=0.05)
+        model.save_pretrained(folder)
+        return folder
+
+    return make
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("family", "args"),
+    [
+        # No pooler, no token types: a pair head on a scalar mix of frozen layers, read from the cache.
+        (
+            "distilbert",
+            (
+                "--config.head.name=esim",
+                "--config.model.scalar_mix=True",
+                "--config.phase1.backbone_dropout=False",
+                "--config.phase1.feature_cache=True",
+            ),
+        ),
+        # No pooler, a projected embedding: layer-by-layer unfreezing with discriminative rates.
+        (
+            "electra",
+            (
+                "--config.strategy=gradual_unfreezing",
+                "--config.unfreezing.num_steps=2",
+                "--config.unfreezing.layerwise_lr_decay=0.5",
+            ),
+        ),
+    ],
+)
+def test_families_without_a_pooler_run_the_other_strategies(
+    family, args, wordpiece_family_dir, tmp_path, run_cli
+):
+    folder = wordpiece_family_dir(family)
+    proc = run_cli(tmp_path, f"--config.model.name_or_path={folder}", *PRETRAINED, *args)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert math.isfinite(results["final"]["dev"]["accuracy"]) and results["final"]["dev"]["loss"] > 0
+    if family == "electra":
+        names = ["head", "unfreeze_layer1", "unfreeze_layer0", "unfreeze_embeddings"]
+        assert [p["phase"] for p in results["phases"]] == names
+    else:
+        assert (tmp_path / "feature_cache").is_dir()
