@@ -85,6 +85,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         path = config.data[f"{split}_file"]
         if path and not Path(path).exists():
             raise FileNotFoundError(f"config.data.{split}_file: no such file: {path}")
+    model_dir = Path(config.model.name_or_path).expanduser()
+    if (model_dir / "config.json").is_file():  # a hub id's is read once it is downloaded
+        bert.BertConfig.from_pretrained(model_dir)  # an unsupported model_type, named with its file
     if config.final_params not in ("last", "best"):
         raise ValueError(f"config.final_params={config.final_params!r}: choose last or best")
     if config.model.init not in ("pretrained", "random"):
