@@ -1,7 +1,7 @@
 """End to end with a RoBERTa-shaped encoder (random weights, a byte-level BPE tokenizer trained here): a
 pair head and a tagging head under stack_and_finetune, each resumed bit-identically after kills. Then the
 families without a pooler (DistilBERT, ELECTRA) through the feature cache, the scalar mix and gradual
-unfreezing.
+unfreezing, and XLM-R tagging words with a SentencePiece-style tokenizer.
 
 Nothing here is specific to RoBERTa in the library: the run goes through the same command line as BERT's,
 with `model.name_or_path` pointing at a folder that holds the family's config.json, safetensors weights
@@ -144,3 +144,22 @@ def test_families_without_a_pooler_run_the_other_strategies(
         assert [p["phase"] for p in results["phases"]] == names
     else:
         assert (tmp_path / "feature_cache").is_dir()
+
+
+@pytest.mark.slow
+def test_xlm_roberta_tags_words_with_a_sentencepiece_tokenizer(tmp_path, run_cli):
+    """Multilingual NER's usual encoder: XLM-R's layout and a Unigram ("▁word") tokenizer trained here."""
+    folder = tmp_path / "xlmr"
+    texts = [
+        line
+        for path in (sample_path("conll_train.txt"), sample_path("conll_dev.txt"))
+        for line in Path(path).read_text().splitlines()
+    ]
+    tokenizer = encoders.train_unigram(folder, texts, vocab_size=400)
+    model = encoders.random_encoder("xlm-roberta", **encoders.SMALL, vocab_size=len(tokenizer), std=0.05)
+    model.save_pretrained(folder)
+    args = (f"--config.model.name_or_path={folder}", *PRETRAINED, "--config.head.name=crf")
+    proc = run_cli(tmp_path / "run", *args, config="configs/tiny.py:conll")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    final = json.loads((tmp_path / "run" / "results.json").read_text())["final"]["dev"]
+    assert {"f1", "accuracy"} <= set(final) and math.isfinite(final["accuracy"])
