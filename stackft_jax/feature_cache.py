@@ -78,9 +78,7 @@ class FeatureCache:
         batch = dict(batch)
         rows = batch.pop("index")
         seq_len = batch["input_ids"].shape[1]
-        hidden = np.zeros(
-            (len(rows), seq_len, *self.hidden_states.shape[1:]), self.hidden_states.dtype
-        )
+        hidden = np.zeros((len(rows), seq_len, *self.hidden_states.shape[1:]), self.hidden_states.dtype)
         for j, i in enumerate(rows):
             start, stop = self.offsets[i], self.offsets[i + 1]
             hidden[j, : stop - start] = self.hidden_states[start:stop]
