@@ -86,6 +86,7 @@ def synthetic_batch(batch_size: int, seq_len: int, vocab_size: int, seed: int = 
     return {
         "input_ids": input_ids.astype(np.int32),
         "token_type_ids": token_type_ids,
+        "segment_ids": (token_type_ids + 1) * real,
         "attention_mask": real.astype(np.int32),
         "labels": rng.integers(0, 2, batch_size).astype(np.int32),
         "example_mask": np.ones(batch_size, np.float32),
@@ -115,7 +116,12 @@ def build_jax(config: ml_collections.ConfigDict) -> JaxModel:
     graphdef, state = nnx.split(model)
     mesh = sharding.make_mesh()
     params = jax.device_put(nnx.to_pure_dict(state), sharding.replicated(mesh))
-    plan = phases.phases_for(config, steps_per_epoch=1000, num_layers=bert_config.num_hidden_layers)
+    plan = phases.phases_for(
+        config,
+        steps_per_epoch=1000,
+        num_layers=bert_config.num_hidden_layers,
+        has_pooler=bert_config.family.has_pooler,
+    )
     return JaxModel(config, task, bert_config, graphdef, params, mesh, {phase.name: phase for phase in plan})
 
 

@@ -1,7 +1,9 @@
 """Defaults shared by every experiment. Task configs import `get_config` and change a few keys.
 
 Keys that form the interface (see README, "Configuration"):
-  model.name_or_path         hub id (bert-base-uncased), local folder, or "embedded:minilm"
+  model.name_or_path         hub id (bert-base-uncased, roberta-base, xlm-roberta-base,
+                             google/electra-base-discriminator, distilbert-base-uncased), local folder,
+                             or "embedded:minilm"
   data.task                  qqp | mrpc | stsb | sst2 | conll2003 | yahoo_answers
   data.train_file / dev_file / test_file   local files; unset -> the Hugging Face dataset
   strategy                   finetune_only | finetune_only_uniform | stack_only | stack_and_finetune |
@@ -29,14 +31,19 @@ def get_config() -> ml_collections.ConfigDict:
     # A preset: finetune_only | finetune_only_uniform | stack_only | stack_and_finetune |
     # gradual_unfreezing | lp_ft (stackft_jax/phases.py); with `phases` written, the name of that schedule.
     c.strategy = "stack_and_finetune"
-    c.phases = []  # the schedule as a list of phases.block(...) (a config file writes it); []: the preset
+    # The schedule as a list of phases.block(...) (a config file writes it); []: the preset. Rules
+    # address backbone/embeddings/..., backbone/layers/<i>/..., backbone/pooler/... (BERT, RoBERTa,
+    # XLM-R) and head/...
+    c.phases = []
     c.seed = 0  # parameter init, data order and dropout
     c.max_seq_length = 128  # tokens per example; batches are padded to length buckets up to it
     c.per_device_batch_size = 32  # training batch per device; global batch = this x device count
     c.eval_per_device_batch_size = 64  # evaluation batch per device (does not change results)
 
     c.model = ml_collections.ConfigDict()
-    c.model.name_or_path = "bert-base-uncased"  # hub id, local folder, or "embedded:minilm"
+    # Hub id or local folder of a BERT, RoBERTa, XLM-R, ELECTRA or DistilBERT (config.json model_type),
+    # or "embedded:minilm"
+    c.model.name_or_path = "bert-base-uncased"
     c.model.init = "pretrained"  # pretrained | random (name_or_path's config and tokenizer, random weights)
     c.model.allow_pickle = False  # load pytorch_model.bin (unpickling runs code) when no safetensors
     c.model.dtype = "float32"  # compute dtype; "bfloat16" on TPU/GPU (parameters stay float32)

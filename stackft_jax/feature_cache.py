@@ -78,9 +78,7 @@ class FeatureCache:
         batch = dict(batch)
         rows = batch.pop("index")
         seq_len = batch["input_ids"].shape[1]
-        hidden = np.zeros(
-            (len(rows), seq_len, *self.hidden_states.shape[1:]), self.hidden_states.dtype
-        )
+        hidden = np.zeros((len(rows), seq_len, *self.hidden_states.shape[1:]), self.hidden_states.dtype)
         for j, i in enumerate(rows):
             start, stop = self.offsets[i], self.offsets[i + 1]
             hidden[j, : stop - start] = self.hidden_states[start:stop]
@@ -186,6 +184,8 @@ def _fingerprint(
         f"{np.dtype(backbone.dtype).name}|{batch_shapes}".encode()
     )
     checkpointing.hash_leaves(h, params["backbone"])
+    # What the backbone reads; `segment_ids` (which text a token is from) only reaches the head, and
+    # batches read it from the dataset, not from the cache.
     for array in (ds["input_ids"], ds["token_type_ids"], ds["lengths"]):
         h.update(f"{array.dtype}|{array.shape}".encode())
         h.update(np.ascontiguousarray(array).tobytes())

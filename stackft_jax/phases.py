@@ -21,7 +21,8 @@ preset that expands to such a list:
 - `stack_and_finetune` `phase1` (phase1.*: backbone frozen, head lr ~1e-3, stop before the head
                        overfits), then `phase2` (phase2.*: everything, low lr) (Wang et al. 2019).
 - `gradual_unfreezing` `head` (phase1.*), then one phase per `unfreezing.layers_per_phase` layer groups
-                       unfrozen from the top (the pooler with the top layer; the embeddings last), with
+                       unfrozen from the top (the pooler, where the family has one, with the top layer;
+                       the embeddings last), with
                        discriminative rates (Howard & Ruder 2018); the last phase, everything, is phase2.*.
 - `lp_ft`              `linear_probe` (phase1.*: a linear head, `head.name=linear`, on the frozen
                        backbone, trained to its budget), then `finetune` (phase2.*) (Kumar et al. 2022).
@@ -151,32 +152,40 @@ def _frozen_backbone_block(name: str, config: ml_collections.ConfigDict, *, guar
     )
 
 
-def _layer_units(num_layers: int) -> list[tuple[tuple[str, str], ...]]:
-    """The backbone's layer groups from the top: the pooler with the top layer, each lower layer, then
-    the embeddings; each a tuple of (regex, group) rules."""
+def _layer_units(num_layers: int, has_pooler: bool = True) -> list[tuple[tuple[str, str], ...]]:
+    """The backbone's layer groups from the top: the pooler (if the family has one) with the top layer,
+    each lower layer, then the embeddings; each a tuple of (regex, group) rules."""
     top = num_layers - 1
-    units = [(("backbone/pooler/.*", "backbone"), (rf"backbone/layers/{top}/.*", f"backbone_layer{top}"))]
+    pooler = [("backbone/pooler/.*", "backbone")] if has_pooler else []
+    units = [(*pooler, (rf"backbone/layers/{top}/.*", f"backbone_layer{top}"))]
     units += [((rf"backbone/layers/{i}/.*", f"backbone_layer{i}"),) for i in range(top - 1, -1, -1)]
     units.append((("backbone/embeddings/.*", "backbone_embeddings"),))
     return units
 
 
-def backbone_rules(num_layers: int, layerwise_lr_decay: float) -> tuple[tuple[str, str], ...]:
+def backbone_rules(
+    num_layers: int, layerwise_lr_decay: float, has_pooler: bool = True
+) -> tuple[tuple[str, str], ...]:
     """Discriminative learning rates (Howard & Ruder; Peters et al.): with decay < 1, layer i of L gets
-    its own group whose lr is scaled by decay**(L - i); embeddings sit below layer 0, the pooler on top."""
+    its own group whose lr is scaled by decay**(L - i); embeddings sit below layer 0, the pooler (in the
+    families that have one) on top."""
     if layerwise_lr_decay == 1.0:
         return (("backbone/.*", "backbone"),)
     rules = [(rf"backbone/layers/{i}/.*", f"backbone_layer{i}") for i in range(num_layers)]
-    rules += [("backbone/embeddings/.*", "backbone_embeddings"), ("backbone/.*", "backbone")]
+    rules += [("backbone/embeddings/.*", "backbone_embeddings")]
+    rules += [("backbone/.*", "backbone")] if has_pooler else []
     return tuple(rules)
 
 
-def backbone_learning_rates(peak: float, num_layers: int, layerwise_lr_decay: float) -> dict[str, float]:
+def backbone_learning_rates(
+    peak: float, num_layers: int, layerwise_lr_decay: float, has_pooler: bool = True
+) -> dict[str, float]:
     if layerwise_lr_decay == 1.0:
         return {"backbone": peak}
     rates = {f"backbone_layer{i}": peak * layerwise_lr_decay ** (num_layers - i) for i in range(num_layers)}
     rates["backbone_embeddings"] = peak * layerwise_lr_decay ** (num_layers + 1)
-    rates["backbone"] = peak
+    if has_pooler:
+        rates["backbone"] = peak
     return rates
 
 
@@ -191,15 +200,16 @@ def head_rate(config: ml_collections.ConfigDict, *, head_is_new: bool) -> float:
 
 
 def _everything_block(
-    name: str, config: ml_collections.ConfigDict, num_layers: int, *, head_rate: float
+    name: str, config: ml_collections.ConfigDict, num_layers: int, has_pooler: bool, *, head_rate: float
 ) -> ml_collections.ConfigDict:
     """phase2.* as a phase: the backbone (per-layer groups when layerwise_lr_decay < 1) and the head."""
     p2 = config.phase2
+    decay = p2.layerwise_lr_decay
     return block(
         name,
-        rules=[*backbone_rules(num_layers, p2.layerwise_lr_decay), ("head/.*", "head")],
+        rules=[*backbone_rules(num_layers, decay, has_pooler), ("head/.*", "head")],
         learning_rates={
-            **backbone_learning_rates(p2.backbone_learning_rate, num_layers, p2.layerwise_lr_decay),
+            **backbone_learning_rates(p2.backbone_learning_rate, num_layers, decay, has_pooler),
             "head": head_rate,
         },
         **{key: p2[key] for key in ("num_steps", "num_epochs", "warmup_steps", "warmup_ratio")},
@@ -207,38 +217,36 @@ def _everything_block(
     )
 
 
-def _finetune_only(config, num_layers):
-    block_ = _everything_block("finetune", config, num_layers, head_rate=head_rate(config, head_is_new=True))
-    return [(block_, "config.phase2")]
+def _finetune_only(config, num_layers, has_pooler):
+    rate = head_rate(config, head_is_new=True)
+    return [(_everything_block("finetune", config, num_layers, has_pooler, head_rate=rate), "config.phase2")]
 
 
-def _finetune_only_uniform(config, num_layers):
+def _finetune_only_uniform(config, num_layers, has_pooler):
     rate = config.phase2.head_learning_rate or config.phase2.backbone_learning_rate
-    return [(_everything_block("finetune", config, num_layers, head_rate=rate), "config.phase2")]
+    return [(_everything_block("finetune", config, num_layers, has_pooler, head_rate=rate), "config.phase2")]
 
 
-def _stack_only(config, num_layers):
+def _stack_only(config, num_layers, has_pooler):
     # No fine-tuning phase follows, so there is nothing to guard the head for: it trains its full
     # budget (or until dev stops improving) and the best-on-dev checkpoint is kept.
     return [(_frozen_backbone_block("stack", config, guard=False), "config.phase1")]
 
 
-def _stack_and_finetune(config, num_layers):
+def _stack_and_finetune(config, num_layers, has_pooler):
+    rate = head_rate(config, head_is_new=False)
     return [
         (_frozen_backbone_block("phase1", config, guard=True), "config.phase1"),
-        (
-            _everything_block("phase2", config, num_layers, head_rate=head_rate(config, head_is_new=False)),
-            "config.phase2",
-        ),
+        (_everything_block("phase2", config, num_layers, has_pooler, head_rate=rate), "config.phase2"),
     ]
 
 
-def _gradual_unfreezing(config, num_layers):
+def _gradual_unfreezing(config, num_layers, has_pooler):
     """ULMFiT's schedule on BERT: the head first, then `layers_per_phase` more layer groups per phase,
     top down; layer i of L trains at decay**(L - i) of phase2's rate (the pooler at the full rate, the
     embeddings one step below layer 0), each group at the same rate in every phase it trains in."""
     u, p2 = config.unfreezing, config.phase2
-    units = _layer_units(num_layers)
+    units = _layer_units(num_layers, has_pooler)
     rates = {
         "backbone": p2.backbone_learning_rate,
         **{
@@ -270,17 +278,16 @@ def _gradual_unfreezing(config, num_layers):
     return plan
 
 
-def _lp_ft(config, num_layers):
+def _lp_ft(config, num_layers, has_pooler):
+    rate = head_rate(config, head_is_new=False)
     return [
         (_frozen_backbone_block("linear_probe", config, guard=False), "config.phase1"),
-        (
-            _everything_block("finetune", config, num_layers, head_rate=head_rate(config, head_is_new=False)),
-            "config.phase2",
-        ),
+        (_everything_block("finetune", config, num_layers, has_pooler, head_rate=rate), "config.phase2"),
     ]
 
 
-# name -> (config, number of BERT layers) -> [(phase block, the config keys it comes from)]
+# name -> (config, number of encoder layers, whether the encoder has a pooler)
+#      -> [(phase block, the config keys it comes from)]
 PRESETS: dict[str, Callable] = {
     "finetune_only": _finetune_only,
     "finetune_only_uniform": _finetune_only_uniform,
@@ -309,7 +316,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
             )
         if config.strategy == "gradual_unfreezing" and config.unfreezing.layers_per_phase < 1:
             raise ConfigError("config.unfreezing.layers_per_phase must be at least 1")
-        for b, source in PRESETS[config.strategy](config, 2):  # the layer count changes no key
+        for b, source in PRESETS[config.strategy](config, 2, True):  # the layer count changes no key
             _check_block(b, source)
         return
     if config.strategy in PRESETS:
@@ -366,11 +373,14 @@ def _check_block(b: ml_collections.ConfigDict, source: str) -> None:
         )
 
 
-def expand(config: ml_collections.ConfigDict, num_layers: int) -> list[tuple[ml_collections.ConfigDict, str]]:
-    """The schedule as (phase block, source) pairs: `config.phases`, or the preset `config.strategy` names."""
+def expand(
+    config: ml_collections.ConfigDict, num_layers: int, *, has_pooler: bool = True
+) -> list[tuple[ml_collections.ConfigDict, str]]:
+    """The schedule as (phase block, source) pairs: `config.phases`, or the preset `config.strategy` names.
+    `has_pooler`: the encoder family has a `backbone/pooler` (models/bert.py FAMILIES)."""
     if config.phases:
         return [(b, f"config.phases[{i}] ({b.name})") for i, b in enumerate(config.phases)]
-    return PRESETS[config.strategy](config, num_layers)
+    return PRESETS[config.strategy](config, num_layers, has_pooler)
 
 
 def to_phase(b: ml_collections.ConfigDict, steps_per_epoch: int, source: str) -> Phase:
@@ -393,9 +403,12 @@ def to_phase(b: ml_collections.ConfigDict, steps_per_epoch: int, source: str) ->
     )
 
 
-def phases_for(config: ml_collections.ConfigDict, steps_per_epoch: int, num_layers: int) -> list[Phase]:
+def phases_for(
+    config: ml_collections.ConfigDict, steps_per_epoch: int, num_layers: int, *, has_pooler: bool = True
+) -> list[Phase]:
     check_config(config)
-    return [to_phase(b, steps_per_epoch, source) for b, source in expand(config, num_layers)]
+    plan = expand(config, num_layers, has_pooler=has_pooler)
+    return [to_phase(b, steps_per_epoch, source) for b, source in plan]
 
 
 def check_rules(plan: Sequence[Phase], param_names: Sequence[str]) -> None:

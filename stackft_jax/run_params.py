@@ -41,7 +41,8 @@ def phase_params(workdir: str | Path, phase: str | None = None) -> dict[str, Any
     task = tasks.get_task(config.data.task).configure(config.data)
     model, bert_config = train.build_model(config, task, bert.resolve_model_dir(config.model.name_or_path))
     params = nnx.to_pure_dict(nnx.state(model))
-    names = [block.name for block, _ in phases.expand(config, bert_config.num_hidden_layers)]
+    plan = phases.expand(config, bert_config.num_hidden_layers, has_pooler=bert_config.family.has_pooler)
+    names = [block.name for block, _ in plan]
     target = names[-1] if phase is None else phase
     if target not in names:
         raise ValueError(f"{workdir}: the run's phases are {names}, not {target!r}")

@@ -86,6 +86,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         path = config.data[f"{split}_file"]
         if path and not Path(path).exists():
             raise FileNotFoundError(f"config.data.{split}_file: no such file: {path}")
+    model_dir = Path(config.model.name_or_path).expanduser()
+    if (model_dir / "config.json").is_file():  # a hub id's is read once it is downloaded
+        bert.BertConfig.from_pretrained(model_dir)  # an unsupported model_type, named with its file
     if config.final_params not in ("last", "best"):
         raise ValueError(f"config.final_params={config.final_params!r}: choose last or best")
     if config.model.init not in ("pretrained", "random"):
@@ -149,7 +152,8 @@ _DROPOUT_KEYS = {"hidden_dropout_prob", "attention_probs_dropout_prob"}
 
 
 def backbone_config(config, model_dir: Path) -> bert.BertConfig:
-    """The checkpoint's BERT config with `config.model.config_overrides` and `dropout_rate` applied."""
+    """The checkpoint's encoder config (any family of bert.FAMILIES) with `config.model.config_overrides`
+    and `dropout_rate` applied."""
     overrides = {k: v for k, v in config.model.config_overrides.items() if v}
     if config.model.dropout_rate is not None:
         overrides.update(dict.fromkeys(_DROPOUT_KEYS, config.model.dropout_rate))
@@ -647,11 +651,12 @@ def _run(
 ) -> dict[str, Any]:
     task = tasks.get_task(config.data.task).configure(config.data)
     model_dir = bert.resolve_model_dir(config.model.name_or_path)
-    positions = backbone_config(config, model_dir).max_position_embeddings
-    if config.max_seq_length > positions:
+    encoder = backbone_config(config, model_dir)
+    if config.max_seq_length > encoder.max_sequence_length:
         raise ValueError(
-            f"config.max_seq_length={config.max_seq_length} exceeds the {positions} positions of the model "
-            f"in {model_dir} (max_position_embeddings in its config.json)"
+            f"config.max_seq_length={config.max_seq_length} exceeds the {encoder.max_sequence_length} "
+            f"tokens the model in {model_dir} holds (max_position_embeddings="
+            f"{encoder.max_position_embeddings} in its config.json)"
         )
     with timer.phase("data"):
         datasets = load_datasets(config, task, tokenization.load_tokenizer(model_dir))
@@ -681,7 +686,9 @@ def _run(
         timer=timer,
     )
     steps_per_epoch = batching.steps_per_epoch(datasets["train"].num_rows, global_batch)
-    plan = phases.phases_for(config, steps_per_epoch, bert_config.num_hidden_layers)
+    plan = phases.phases_for(
+        config, steps_per_epoch, bert_config.num_hidden_layers, has_pooler=bert_config.family.has_pooler
+    )
     ctx.param_names = tuple(optim.path_str(path) for path, _ in jax.tree_util.tree_leaves_with_path(params))
     phases.check_rules(plan, ctx.param_names)  # every phase's, before the first one trains
     log.info(

@@ -34,7 +34,7 @@ def test_non_utf8_bytes_name_file_and_line(tmp_path):
 
 
 def test_max_seq_length_above_the_models_positions(tmp_path):
-    with pytest.raises(ValueError, match=r"config.max_seq_length=600 exceeds the 512 positions of the model"):
+    with pytest.raises(ValueError, match=r"config.max_seq_length=600 exceeds the 512 tokens the model"):
         train.run(tiny.get_config("max_seq_length=600"), tmp_path)
 
 
@@ -64,3 +64,15 @@ def test_unlabelled_dev_file_is_refused(tmp_path):
     tokenizer = tokenization.load_tokenizer(bert.resolve_model_dir("embedded:minilm"))
     with pytest.raises(ValueError, match=r"data.dev_file = '.*test.tsv': the dev split has no labels"):
         task_spec.load_split(tasks.get_task("sst2"), "dev", test_file, tokenizer=tokenizer, max_seq_length=16)
+
+
+def test_unsupported_model_type_is_one_line_listing_the_families(tmp_path, run_cli):
+    model_dir = tmp_path / "gpt2"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"model_type": "gpt2", "vocab_size": 10, "n_embd": 8}')
+    proc = run_cli(tmp_path / "run", f"--config.model.name_or_path={model_dir}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: {model_dir / 'config.json'}: model_type='gpt2' is not supported; "
+        "supported: bert, roberta, xlm-roberta, electra, distilbert"
+    )

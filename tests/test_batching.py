@@ -5,7 +5,7 @@ import pytest
 
 from stackft_jax.data import batching
 
-KEYS = {"input_ids", "token_type_ids", "attention_mask", "labels", "example_mask"}
+KEYS = {"input_ids", "token_type_ids", "segment_ids", "attention_mask", "labels", "example_mask"}
 BUCKETS = (32, 64, 128)
 
 
@@ -21,6 +21,7 @@ def make_dataset(n: int, max_seq_length: int = 128, seed: int = 0) -> batching.D
     return {
         "input_ids": input_ids,
         "token_type_ids": token_type_ids,
+        "segment_ids": (token_type_ids + 1) * real,
         "lengths": lengths,
         "labels": np.arange(n, dtype=np.int32),
     }
@@ -31,7 +32,7 @@ def check_batch(batch: dict, ds: batching.Dataset, batch_size: int) -> np.ndarra
     assert set(batch) - {"index"} == KEYS | set(ds) - {"lengths"}
     seq_len = batch["input_ids"].shape[1]
     assert seq_len in BUCKETS
-    for key in ("input_ids", "token_type_ids", "attention_mask"):
+    for key in ("input_ids", "token_type_ids", "segment_ids", "attention_mask"):
         assert batch[key].shape == (batch_size, seq_len) and batch[key].dtype == np.int32
     assert batch["example_mask"].dtype == np.float32 and batch["example_mask"].shape == (batch_size,)
     rows = batch["labels"]
@@ -41,6 +42,7 @@ def check_batch(batch: dict, ds: batching.Dataset, batch_size: int) -> np.ndarra
     assert seq_len == min(b for b in BUCKETS if b >= lengths.max())
     np.testing.assert_array_equal(batch["input_ids"], ds["input_ids"][rows, :seq_len])
     np.testing.assert_array_equal(batch["token_type_ids"], ds["token_type_ids"][rows, :seq_len])
+    np.testing.assert_array_equal(batch["segment_ids"], ds["segment_ids"][rows, :seq_len])
     return rows
 
 

@@ -1,4 +1,5 @@
-"""BERT parity with Hugging Face, checkpoint conversion and loading, dtype, dropout and padding."""
+"""Parity with Hugging Face for every encoder family (BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT), checkpoint
+conversion and loading, dtype, dropout and padding."""
 
 import json
 import shutil
@@ -7,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import safetensors
 import safetensors.torch
 import torch
 import transformers
@@ -23,6 +25,7 @@ from stackft_jax.models.bert import (
     resolve_model_dir,
     tiny_config,
 )
+from tests import encoders
 
 PAIRS = [
     ("A man is playing a guitar.", "Someone plays music on a stage."),
@@ -53,8 +56,7 @@ def max_diff_real(ours: bert.BertOutput, theirs, mask: np.ndarray) -> float:
     real = mask.astype(bool)
     assert len(ours.hidden_states) == len(hidden)
     diffs = [
-        np.abs(np.asarray(a)[real] - b[real]).max()
-        for a, b in zip(ours.hidden_states, hidden, strict=True)
+        np.abs(np.asarray(a)[real] - b[real]).max() for a, b in zip(ours.hidden_states, hidden, strict=True)
     ]
     return max(*diffs, float(np.abs(np.asarray(ours.pooled) - pooled).max()))
 
@@ -88,9 +90,7 @@ def test_minilm_matches_transformers_on_every_layer(minilm):
     model, config, report, reference, tokenizer = minilm
     assert config.num_hidden_layers == 6 and config.hidden_size == 384
     assert report.missing == [] and report.unexpected == []
-    batch = dict(
-        tokenizer([a for a, _ in PAIRS], [b for _, b in PAIRS], padding=True, return_tensors="np")
-    )
+    batch = dict(tokenizer([a for a, _ in PAIRS], [b for _, b in PAIRS], padding=True, return_tensors="np"))
     assert batch["attention_mask"].min() == 0  # the batch really has padding
     ours = run(model, batch)
     assert len(ours.hidden_states) == 7
@@ -136,10 +136,7 @@ def test_tiny_checkpoint_loads_and_matches(tmp_path, hidden_act):
     assert config.hidden_act == hidden_act
     assert (report.missing, report.unexpected) == ([], [])
     batch = random_batch(128, [12, 7, 3], 12)
-    assert (
-        max_diff_real(run(model, batch), torch_outputs(reference, batch), batch["attention_mask"])
-        < 1e-5
-    )
+    assert max_diff_real(run(model, batch), torch_outputs(reference, batch), batch["attention_mask"]) < 1e-5
 
 
 def test_prefixed_checkpoint_with_pretraining_head_loads_the_same(tiny_dir, tmp_path):
@@ -164,9 +161,7 @@ def test_prefixed_checkpoint_with_pretraining_head_loads_the_same(tiny_dir, tmp_
 def test_old_gamma_beta_names_and_transposed_kernels(tiny_dir):
     tensors = load_hf_weights(tiny_dir)
     renamed = {
-        k.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
-            "LayerNorm.bias", "LayerNorm.beta"
-        ): v
+        k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
         for k, v in tensors.items()
     }
     params, report = convert_hf_weights(renamed, tiny_config())
@@ -218,10 +213,124 @@ def test_pickle_checkpoint_needs_allow_pickle(tiny_dir, tmp_path):
     model, _, report = load_pretrained_bert(str(tmp_path), allow_pickle=True, rngs=nnx.Rngs(0))
     assert (report.missing, report.unexpected) == ([], [])
     batch = random_batch(128, [12, 7, 3], 12)
-    assert (
-        max_diff_real(run(model, batch), torch_outputs(reference, batch), batch["attention_mask"])
-        < 1e-5
+    assert max_diff_real(run(model, batch), torch_outputs(reference, batch), batch["attention_mask"]) < 1e-5
+
+
+# --- Every family: random transformers models of each, saved as a user's checkpoint ----------------
+
+
+def family_batch(config: BertConfig, lengths: list[int], length: int, seed: int = 0) -> dict:
+    """Random real tokens (never the padding id), padded with the family's padding id; two token
+    types where the model has them, else zeros."""
+    rng = np.random.default_rng(seed)
+    mask = (np.arange(length)[None, :] < np.asarray(lengths)[:, None]).astype(np.int32)
+    ids = rng.integers(config.pad_token_id + 1, config.vocab_size, size=mask.shape)
+    types = (np.arange(length)[None, :] >= np.asarray(lengths)[:, None] // 2) * mask
+    return {
+        "input_ids": np.where(mask, ids, config.pad_token_id).astype(np.int32),
+        "token_type_ids": (types if config.type_vocab_size > 1 else 0 * types).astype(np.int32),
+        "attention_mask": mask,
+    }
+
+
+def assert_family_parity(model: BertModel, reference, batch: dict, atol: float) -> None:
+    """Every layer's hidden states at the real positions within `atol` of transformers', and the pooled
+    output: the pooler's where both have one; the last layer's first token where the family has none."""
+    ours = run(model, batch)
+    theirs = encoders.torch_hidden_states(reference, batch)
+    real = batch["attention_mask"].astype(bool)
+    assert len(ours.hidden_states) == len(theirs) == model.config.num_hidden_layers + 1
+    for layer, (a, b) in enumerate(zip(ours.hidden_states, theirs, strict=True)):
+        diff = np.abs(np.asarray(a)[real] - b[real]).max()
+        assert diff < atol, f"layer {layer}: max |ours - transformers| = {diff}"
+    if model.pooler is None:
+        np.testing.assert_array_equal(ours.pooled, np.asarray(ours.hidden_states[-1])[:, 0])
+    elif getattr(reference, "pooler", None) is not None:
+        inputs = {k: torch.as_tensor(v).long() for k, v in batch.items()}
+        with torch.no_grad():
+            pooled = reference(**inputs).pooler_output.numpy()
+        np.testing.assert_allclose(ours.pooled, pooled, atol=atol)
+
+
+@pytest.mark.parametrize("family", encoders.FAMILIES)
+def test_family_matches_transformers_on_every_layer(family, tmp_path):
+    reference = encoders.random_encoder(family, **encoders.SMALL)
+    reference.save_pretrained(tmp_path)
+    model, config, report = load_pretrained_bert(str(tmp_path), rngs=nnx.Rngs(0))
+    assert config.model_type == family
+    assert (report.missing, report.unexpected) == ([], [])
+    assert (model.pooler is not None) == (family in ("bert", "roberta", "xlm-roberta"))
+    assert (model.embeddings.token_type_embeddings is None) == (family == "distilbert")
+    assert (model.embeddings.projection is not None) == (family == "electra")
+    assert_family_parity(model, reference, family_batch(config, [12, 7, 3], 12), atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", encoders.FAMILIES)
+def test_base_sized_family_matches_transformers_on_every_layer(family, tmp_path):
+    """12 layers of 768 (the released base checkpoints' shape; a 1000-token vocabulary keeps the file
+    small), 128 tokens, within 1e-4."""
+    reference = encoders.random_encoder(
+        family, **encoders.BASE, vocab_size=1000, max_length=512, std=0.3, matrix_std=0.02
     )
+    reference.save_pretrained(tmp_path)
+    model, config, report = load_pretrained_bert(str(tmp_path), rngs=nnx.Rngs(0))
+    assert (report.missing, report.unexpected) == ([], [])
+    assert_family_parity(model, reference, family_batch(config, [128, 77, 5], 128), atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "family, model_class, heads",
+    [
+        ("bert", transformers.BertForPreTraining, "cls."),
+        ("roberta", transformers.RobertaForMaskedLM, "lm_head."),
+        ("xlm-roberta", transformers.XLMRobertaForSequenceClassification, "classifier."),
+        ("electra", transformers.ElectraForPreTraining, "discriminator_predictions."),
+        ("distilbert", transformers.DistilBertForMaskedLM, "vocab_"),
+    ],
+)
+def test_task_and_pretraining_checkpoints_load_their_encoder(family, model_class, heads, tmp_path):
+    """What the hub holds (roberta-base is a RobertaForMaskedLM, google/electra-base-discriminator an
+    ElectraForPreTraining): the encoder under the family's prefix loads, the heads are ignored."""
+    reference = encoders.random_encoder(family, model_class=model_class, **encoders.SMALL)
+    reference.save_pretrained(tmp_path)
+    model, config, report = load_pretrained_bert(str(tmp_path), rngs=nnx.Rngs(0))
+    # RoBERTa's masked-LM and classification classes have no pooler: ours keeps its init, as for BERT.
+    no_pooler = config.family.has_pooler and getattr(reference.base_model, "pooler", None) is None
+    assert report.missing == (["pooler/kernel", "pooler/bias"] if no_pooler else [])
+    assert report.unexpected == []
+    assert report.ignored and all(name.startswith(heads) for name in report.ignored)
+    assert_family_parity(model, reference.base_model, family_batch(config, [12, 7, 3], 12), atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("family", ["roberta", "electra", "distilbert"])
+def test_half_precision_checkpoints_load_exactly(family, dtype, tmp_path):
+    reference = encoders.random_encoder(family, **encoders.SMALL)
+    reference.to(dtype).save_pretrained(tmp_path)
+    assert (
+        safetensors.safe_open(str(tmp_path / "model.safetensors"), "pt")
+        .get_tensor(next(iter(safetensors.safe_open(str(tmp_path / "model.safetensors"), "pt").keys())))
+        .dtype
+        == dtype
+    )
+    model, config, _ = load_pretrained_bert(str(tmp_path), rngs=nnx.Rngs(0))
+    # Every stored value survives exactly (float32 holds fp16 and bf16), so the float32 model of the
+    # rounded weights is matched as closely as a float32 checkpoint is.
+    assert_family_parity(model, reference.float(), family_batch(config, [12, 7, 3], 12), atol=1e-5)
+    ours = model.embeddings.word_embeddings.embedding[...]
+    np.testing.assert_array_equal(ours, reference.embeddings.word_embeddings.weight.detach().numpy())
+
+
+def test_roberta_positions_count_from_the_padding_id_and_cap_the_length(tmp_path):
+    reference = encoders.random_encoder("roberta", **encoders.SMALL, max_length=16)
+    reference.save_pretrained(tmp_path)
+    model, config, _ = load_pretrained_bert(str(tmp_path), rngs=nnx.Rngs(0))
+    assert config.max_position_embeddings == 18 and config.first_position == 2
+    assert config.max_sequence_length == 16
+    assert_family_parity(model, reference, family_batch(config, [16, 9], 16), atol=1e-5)
+    with pytest.raises(ValueError, match="sequence length 17 exceeds the 16 tokens"):
+        run(model, family_batch(config, [17], 17))
 
 
 # --- Config and model resolution ------------------------------------------------------------------
@@ -231,13 +340,20 @@ def test_config_rejects_other_architectures_naming_the_file(tiny_dir, tmp_path):
     config = json.loads((tiny_dir / "config.json").read_text())
     assert BertConfig.from_dict(config) == tiny_config()
     for key, value in [
-        ("model_type", "roberta"),
+        ("model_type", "gpt2"),
         ("position_embedding_type", "relative_key"),
         ("hidden_act", "swish"),
     ]:
         (tmp_path / "config.json").write_text(json.dumps({**config, key: value}))
         with pytest.raises(ValueError, match=f"config.json.*{value}"):
             BertConfig.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
+    with pytest.raises(ValueError) as error:
+        BertConfig.from_pretrained(tmp_path)
+    assert str(error.value) == (
+        f"{tmp_path / 'config.json'}: model_type='gpt2' is not supported; "
+        "supported: bert, roberta, xlm-roberta, electra, distilbert"
+    )
 
 
 def test_unknown_hub_id_offline_gives_a_clear_error(monkeypatch):

@@ -74,20 +74,21 @@ def build(name: str, num_outputs: int | None = None, dtype=jnp.float32, dropout_
 
 def pair_features(pair_lengths, length: int = LENGTH, seed: int = 0) -> Features:
     """`[CLS] a [SEP] b [SEP] pad...` layouts; padded positions hold random garbage states."""
-    token_type = np.zeros((len(pair_lengths), length), np.int32)
+    segments = np.zeros((len(pair_lengths), length), np.int32)
     mask = np.zeros((len(pair_lengths), length), np.int32)
     for row, (len_a, len_b) in enumerate(pair_lengths):
         first = len_a + 2
         total = first + len_b + 1
         assert total <= length
-        token_type[row, first:total] = 1
+        segments[row, 1 : len_a + 1] = 1
+        segments[row, first : total - 1] = 2
         mask[row, :total] = 1
     key_seq, key_pooled = jax.random.split(jax.random.key(seed))
     return Features(
         sequence=jax.random.normal(key_seq, (len(pair_lengths), length, HIDDEN)),
         pooled=jax.random.normal(key_pooled, (len(pair_lengths), HIDDEN)),
         attention_mask=jnp.asarray(mask),
-        token_type_ids=jnp.asarray(token_type),
+        segment_ids=jnp.asarray(segments),
     )
 
 
@@ -111,7 +112,7 @@ def word_features(word_pieces=WORD_PIECES, length: int = LENGTH, seed: int = 0) 
         sequence=jax.random.normal(key_seq, (len(word_pieces), length, HIDDEN)),
         pooled=jax.random.normal(key_pooled, (len(word_pieces), HIDDEN)),
         attention_mask=jnp.asarray(mask),
-        token_type_ids=jnp.zeros_like(jnp.asarray(mask)),
+        segment_ids=jnp.asarray(mask),
         word_starts=jnp.asarray(word_starts),
         num_words=jnp.asarray([len(pieces) for pieces in word_pieces], jnp.int32),
     )
@@ -143,7 +144,7 @@ def with_extra_padding(features: Features, extra: int, seed: int = 1) -> Feature
     padded = features._replace(
         sequence=jnp.concatenate([features.sequence, garbage], axis=1),
         attention_mask=jnp.concatenate([features.attention_mask, zeros], axis=1),
-        token_type_ids=jnp.concatenate([features.token_type_ids, zeros], axis=1),
+        segment_ids=jnp.concatenate([features.segment_ids, zeros], axis=1),
     )
     if features.word_starts is not None:
         padded = padded._replace(word_starts=jnp.concatenate([features.word_starts, zeros], axis=1))
@@ -345,23 +346,26 @@ def test_sim_transformer_starts_from_zero_logits():
 
 
 def test_split_pair_extracts_both_sentences():
-    # Position p holds the value p, so the packed states name the positions they came from.
+    # Position p holds the value p, so the packed states name the positions they came from. Segment ids
+    # (data/tokenization.py): 1 first text, 2 second, 0 special tokens and padding.
     #   row 0: [CLS] a1 a2 [SEP] b1 b2 b3 [SEP] pad pad
     #   row 1: [CLS] a1 a2 a3 a4 [SEP] b1 [SEP] pad pad
     #   row 2: [CLS] a1 [SEP] [SEP] pad ...           (empty second sentence)
     #   row 3: [CLS] [SEP] b1 b2 [SEP] pad ...        (empty first sentence)
-    token_type = np.array(
+    #   row 4: <s> a1 a2 </s> </s> b1 b2 b3 </s> pad  (RoBERTa's layout, token types all 0)
+    segments = np.array(
         [
-            [0, 0, 0, 0, 1, 1, 1, 1, 0, 0],
-            [0, 0, 0, 0, 0, 0, 1, 1, 0, 0],
-            [0, 0, 0, 1, 0, 0, 0, 0, 0, 0],
-            [0, 0, 1, 1, 1, 0, 0, 0, 0, 0],
+            [0, 1, 1, 0, 2, 2, 2, 0, 0, 0],
+            [0, 1, 1, 1, 1, 0, 2, 0, 0, 0],
+            [0, 1, 0, 0, 0, 0, 0, 0, 0, 0],
+            [0, 0, 2, 2, 0, 0, 0, 0, 0, 0],
+            [0, 1, 1, 0, 0, 2, 2, 2, 0, 0],
         ]
     )
-    totals = [8, 8, 4, 5]
+    totals = [8, 8, 4, 5, 9]
     mask = (np.arange(10)[None, :] < np.array(totals)[:, None]).astype(np.int32)
-    sequence = np.broadcast_to(np.arange(1, 11, dtype=np.float32)[None, :, None], (4, 10, 2))
-    features = Features(jnp.asarray(sequence), jnp.zeros((4, 2)), jnp.asarray(mask), jnp.asarray(token_type))
+    sequence = np.broadcast_to(np.arange(1, 11, dtype=np.float32)[None, :, None], (5, 10, 2))
+    features = Features(jnp.asarray(sequence), jnp.zeros((5, 2)), jnp.asarray(mask), jnp.asarray(segments))
     p, q = split_pair(features)
 
     def positions(sentence):  # 1-based positions per row, zeros for padding
@@ -372,15 +376,17 @@ def test_split_pair_extracts_both_sentences():
         [2, 3, 4, 5, 0, 0, 0, 0, 0, 0],
         [2, 0, 0, 0, 0, 0, 0, 0, 0, 0],
         [0] * 10,
+        [2, 3, 0, 0, 0, 0, 0, 0, 0, 0],
     ]
     assert positions(q) == [
         [5, 6, 7, 0, 0, 0, 0, 0, 0, 0],
         [7, 0, 0, 0, 0, 0, 0, 0, 0, 0],
         [0] * 10,
         [3, 4, 0, 0, 0, 0, 0, 0, 0, 0],
+        [6, 7, 8, 0, 0, 0, 0, 0, 0, 0],
     ]
-    assert np.asarray(p.lengths).tolist() == [2, 4, 1, 0]
-    assert np.asarray(q.lengths).tolist() == [3, 1, 0, 2]
+    assert np.asarray(p.lengths).tolist() == [2, 4, 1, 0, 2]
+    assert np.asarray(q.lengths).tolist() == [3, 1, 0, 2, 3]
     np.testing.assert_array_equal(p.mask, np.asarray(p.states[..., 0]) > 0)
     np.testing.assert_array_equal(q.mask, np.asarray(q.states[..., 0]) > 0)
 

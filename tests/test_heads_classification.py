@@ -40,7 +40,7 @@ def sentence_features(lengths=LENGTHS, length: int = LENGTH, seed: int = 0) -> F
         sequence=sequence,
         pooled=jax.random.normal(key_pooled, (len(lengths), HIDDEN)),
         attention_mask=mask,
-        token_type_ids=jnp.zeros_like(mask),
+        segment_ids=mask,
     )
 
 

@@ -80,7 +80,7 @@ def test_word_states_gather_first_sub_tokens_packed_left():
         sequence=sequence,
         pooled=jnp.zeros((2, 2)),
         attention_mask=jnp.ones((2, 6), jnp.int32),
-        token_type_ids=jnp.zeros((2, 6), jnp.int32),
+        segment_ids=jnp.ones((2, 6), jnp.int32),
         word_starts=jnp.array([[1, 2, 4, 0], [1, 0, 0, 0]]),  # row 0: words at 1, 2 and 4 ("x ##y" at 2-3)
         num_words=jnp.array([3, 1]),
     )

@@ -18,6 +18,7 @@ from stackft_jax.config_cli import ConfigError
 from stackft_jax.data import tasks
 from stackft_jax.models import bert
 from stackft_jax.phases import Phase, StopRule
+from tests import encoders
 
 FROZEN_BACKBONE = (("backbone/.*", "frozen"), ("head/.*", "head"))
 EVERYTHING = (("backbone/.*", "backbone"), ("head/.*", "head"))
@@ -376,3 +377,31 @@ def test_new_presets_resume_bit_identically_after_a_kill(settings, kill_at, last
         _phase_end_params(tmp_path / "whole", last_phase),
         _phase_end_params(tmp_path / "killed", last_phase),
     )
+
+
+@pytest.mark.parametrize("family", encoders.FAMILIES)
+def test_every_preset_addresses_every_family_by_the_same_parameter_paths(family, tmp_path):
+    """backbone/embeddings, backbone/layers/<i> and (BERT, RoBERTa, XLM-R only) backbone/pooler, whatever
+    the family's own checkpoint names; every preset's rules, discriminative rates included, label them."""
+    encoders.random_encoder(family, **encoders.SMALL).save_pretrained(tmp_path)
+    config = tiny.get_config()
+    config.model.name_or_path = str(tmp_path)
+    names = _param_names(config)
+    has_pooler = bert.FAMILIES[family].has_pooler
+    backbone = [name.split("/")[1:] for name in names if name.startswith("backbone/")]
+    units = {"/".join(parts[:2]) if parts[0] == "layers" else parts[0] for parts in backbone}
+    assert units == {"embeddings", "layers/0", "layers/1"} | ({"pooler"} if has_pooler else set())
+    for strategy in phases.STRATEGIES:
+        for decay in (1.0, 0.5):
+            config.strategy = strategy
+            config.phase2.layerwise_lr_decay = decay
+            config.unfreezing.layerwise_lr_decay = decay
+            plan = phases.phases_for(config, 10, 2, has_pooler=has_pooler)
+            phases.check_rules(plan, names)
+            if strategy == "gradual_unfreezing":
+                assert [p.name for p in plan] == [
+                    "head",
+                    "unfreeze_layer1",
+                    "unfreeze_layer0",
+                    "unfreeze_embeddings",
+                ]

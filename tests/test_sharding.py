@@ -59,6 +59,7 @@ def test_eight_devices_match_one():
     batch = {
         "input_ids": rng.integers(1000, 2000, size=(16, 32)).astype(np.int32) * mask,
         "token_type_ids": ((np.arange(32)[None] > lengths[:, None] // 2) * mask).astype(np.int32),
+        "segment_ids": ((np.arange(32)[None] > lengths[:, None] // 2) + 1) * mask,
         "attention_mask": mask,
         "labels": rng.integers(0, 2, size=16).astype(np.int32),
         "example_mask": np.ones(16, np.float32),

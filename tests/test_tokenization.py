@@ -8,6 +8,7 @@ import pytest
 
 from stackft_jax.data import glue, task_spec, tasks, tokenization
 from stackft_jax.data.sentence_task import Example, SentenceTask
+from tests import encoders
 
 FIXTURES = Path(__file__).parent / "fixtures"
 QQP = tasks.get_task("qqp")
@@ -25,7 +26,7 @@ def encode(tokenizer, task, examples, max_seq_length, **kwargs):
 def test_pair_segments_and_padding(tokenizer):
     examples = [Example("Why is the sky blue?", "What colour is the sea?", 1, "k")]
     ds = encode(tokenizer, QQP, examples, 32)
-    assert set(ds) == {"input_ids", "token_type_ids", "lengths", "labels"}
+    assert set(ds) == {"input_ids", "token_type_ids", "segment_ids", "lengths", "labels"}
     n = int(ds["lengths"][0])
     ids, types = ds["input_ids"][0], ds["token_type_ids"][0]
     assert ds["input_ids"].shape == ds["token_type_ids"].shape == (1, 32)
@@ -36,6 +37,10 @@ def test_pair_segments_and_padding(tokenizer):
     assert tokens[1:first_sep] == ["why", "is", "the", "sky", "blue", "?"]
     assert (types[: first_sep + 1] == 0).all() and (types[first_sep + 1 : n] == 1).all()
     assert (ids[n:] == tokenizer.loaded.pad_token_id).all() and (types[n:] == 0).all()
+    # Which text each token is from: the special tokens and the padding belong to neither.
+    segments = ds["segment_ids"][0]
+    assert segments.dtype == np.int32
+    assert segments.tolist() == [0] + [1] * (first_sep - 1) + [0] + [2] * (n - first_sep - 2) + [0] * (33 - n)
     assert ds["labels"].tolist() == [1] and ds["labels"].dtype == np.int32
 
 
@@ -45,6 +50,8 @@ def test_single_sentences_have_one_segment(tokenizer):
     assert len(ds["lengths"]) == 8
     assert (ds["token_type_ids"] == 0).all()
     assert ((ds["input_ids"] == tokenizer.loaded.sep_token_id).sum(axis=1) == 1).all()
+    assert ((ds["segment_ids"] == 1).sum(axis=1) == ds["lengths"] - 2).all()
+    assert (ds["segment_ids"] != 2).all()
 
 
 def test_truncation_respects_max_seq_length_and_keeps_both_segments(tokenizer):
@@ -125,3 +132,22 @@ def test_a_cached_split_never_loads_the_tokenizer_and_its_files_key_the_cache(tm
     edited = tokenization.load_tokenizer(copy)
     encode(edited, QQP, examples, 32, cache_dir=tmp_path / "cache")
     assert "loaded" in vars(edited) and len(list((tmp_path / "cache").glob("*.npz"))) == 2
+
+
+def test_roberta_pairs_mark_their_texts_without_token_types(tmp_path):
+    """RoBERTa's <s> a </s></s> b </s>: no second token type, yet segment_ids say which text a token is
+    from, as they do for BERT's [CLS] a [SEP] b [SEP] (tokenizer trained here: no hub access)."""
+    encoders.train_bpe(tmp_path, ["Why is the sky blue?", "What colour is the sea?"] * 5)
+    tokenizer = tokenization.load_tokenizer(tmp_path)
+    ds = encode(tokenizer, QQP, [Example("Why is the sky blue?", "What colour is the sea?", 1, "k")], 32)
+    n = int(ds["lengths"][0])
+    tokens = tokenizer.loaded.convert_ids_to_tokens(ds["input_ids"][0, :n].tolist())
+    first_end = tokens.index("</s>")
+    assert (
+        tokens[0] == "<s>" and tokens[first_end : first_end + 2] == ["</s>", "</s>"] and tokens[-1] == "</s>"
+    )
+    assert (ds["token_type_ids"] == 0).all()
+    expected = [0] + [1] * (first_end - 1) + [0, 0] + [2] * (n - first_end - 3) + [0] * (33 - n)
+    assert ds["segment_ids"][0].tolist() == expected
+    a = tokenizer.loaded("Why is the sky blue?", add_special_tokens=False)["input_ids"]
+    assert ds["input_ids"][0, 1:first_end].tolist() == a

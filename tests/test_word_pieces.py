@@ -10,6 +10,7 @@ from transformers import AutoTokenizer
 from stackft_jax.data import conll, word_pieces
 from stackft_jax.data.conll import Sentence
 from stackft_jax.models import bert
+from tests import encoders
 
 TAG_IDS = {tag: i for i, tag in enumerate(conll.TAGS)}
 SHARED_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "conll2003" / "eng.testa"
@@ -37,6 +38,8 @@ def test_first_sub_token_of_each_word_is_labelled(tokenizer):
     assert len(tokenizer("Zorblaxian", add_special_tokens=False)["input_ids"]) > 1  # really sub-tokens
     assert arrays["labels"][0][:5].tolist() == [TAG_IDS["B-MISC"], 0, 0, TAG_IDS["B-LOC"], -1]
     assert (arrays["token_type_ids"] == 0).all()
+    n = arrays["lengths"][0]
+    assert arrays["segment_ids"][0].tolist() == [0] + [1] * (n - 2) + [0] * (33 - n)
 
 
 def test_long_sentences_are_split_and_joined_back(tokenizer):
@@ -168,3 +171,46 @@ def test_real_dev_split_with_document_context(tokenizer):
     )
     joined = word_pieces.join_windows(context["labels"], context, sentences)
     assert [j.tolist() for j in joined] == [[TAG_IDS[t] for t in s.tags] for s in sentences]
+
+
+# --- Byte-level BPE (RoBERTa) and SentencePiece (XLM-R) as WordPiece ------------------------------------
+
+CORPUS = [
+    "EU rejects German call to boycott British lamb .",
+    "Peter Blackburn visited Paris and Brussels on Monday .",
+    "The European Commission said on Thursday it disagreed with German advice .",
+] * 4
+
+
+@pytest.fixture(scope="module", params=["wordpiece", "bpe", "unigram"])
+def any_tokenizer(request, tmp_path_factory):
+    """(tokenizer as stackft_jax loads it, the same files loaded as transformers' token classification
+    loads them for pre-split words: add_prefix_space=True for byte-level BPE)."""
+    if request.param == "wordpiece":
+        folder = str(bert.resolve_model_dir("embedded:minilm"))
+        return AutoTokenizer.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    folder = tmp_path_factory.mktemp(request.param)
+    (encoders.train_bpe if request.param == "bpe" else encoders.train_unigram)(folder, CORPUS)
+    prefix_space = {"add_prefix_space": True} if request.param == "bpe" else {}
+    return AutoTokenizer.from_pretrained(folder), AutoTokenizer.from_pretrained(folder, **prefix_space)
+
+
+def test_words_are_tokenized_as_in_a_sentence_for_every_tokenizer_kind(any_tokenizer):
+    """The window's ids are exactly transformers' encoding of the pre-split words, and each word's first
+    sub-token is the one labelled, for WordPiece, byte-level BPE (the word's space coded into its first
+    piece) and SentencePiece ("▁word") alike."""
+    tokenizer, reference = any_tokenizer
+    sentence = _sentence("Zorblaxian unbelievably visited Paris , EU", "B-MISC O O B-LOC O B-ORG")
+    arrays, _ = word_pieces.encode_sentences(tokenizer, [sentence], tag_ids=TAG_IDS, max_seq_length=48)
+    expected = reference(list(sentence.words), is_split_into_words=True)
+    n = arrays["lengths"][0]
+    assert arrays["input_ids"][0, :n].tolist() == expected["input_ids"]
+    word_ids = expected.word_ids()
+    first_pieces = [word_ids.index(w) for w in range(len(sentence.words))]
+    assert arrays["word_starts"][0, : len(sentence.words)].tolist() == first_pieces
+    assert first_pieces[1] - first_pieces[0] > 1  # "Zorblaxian" really is several pieces
+    assert (
+        arrays["input_ids"][0, 0] == tokenizer.cls_token_id
+        and arrays["input_ids"][0, n - 1] == tokenizer.sep_token_id
+    )
+    assert (arrays["input_ids"][0, n:] == tokenizer.pad_token_id).all()

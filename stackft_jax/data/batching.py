@@ -17,7 +17,7 @@ import numpy as np
 Dataset = dict[str, np.ndarray]
 Batch = dict[str, np.ndarray]
 # [N, max_seq_length] arrays, cut to the length bucket.
-TOKEN_ARRAYS = ("input_ids", "token_type_ids")
+TOKEN_ARRAYS = ("input_ids", "token_type_ids", "segment_ids")
 
 
 def length_buckets(max_seq_length: int, min_bucket: int = 32) -> tuple[int, ...]:

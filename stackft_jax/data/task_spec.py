@@ -6,7 +6,8 @@ its scores, and the per-example records of its prediction files. Nothing outside
 which task it is. Family modules (glue.py, conll.py, ...) implement it; tasks.py registers them by name.
 
 An encoded split is a dict of numpy arrays with a leading row dimension N. Every task has
-`input_ids`, `token_type_ids` [N, max_seq_length] and `lengths` [N]; the rest is the task's own
+`input_ids`, `token_type_ids`, `segment_ids` [N, max_seq_length] (tokenization.py) and `lengths` [N];
+the rest is the task's own
 (`labels` [N] for a sentence task; `labels`, `word_starts` [N, max_words] and `num_words` [N] for
 tagging). A row is usually one example; a long sentence of a tagging task may take several rows.
 """

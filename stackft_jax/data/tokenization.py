@@ -14,9 +14,12 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 # Bump when the arrays written to the cache (or its keys) change meaning, so old cache files are ignored.
-_CACHE_VERSION = 3
+_CACHE_VERSION = 4  # 4: segment_ids
 # A model folder's files that are not the tokenizer's: everything else there is hashed into cache keys.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack", ".onnx", ".ot", ".pt", ".pth", ".ckpt")
+# `segment_ids` values: the token belongs to the first text, the second text; 0 is neither (special
+# tokens, padding).
+SEGMENT_A, SEGMENT_B = 1, 2
 # Texts per tokenizer call: large enough that the Rust tokenizer's batch parallelism pays off,
 # small enough that the intermediate Python lists stay modest for SST-2-sized splits.
 _CHUNK_SIZE = 8192
@@ -59,12 +62,20 @@ def encode_texts(
     *,
     max_seq_length: int,
 ) -> dict[str, np.ndarray]:
-    """[CLS] a [SEP] (b [SEP]), truncated longest-first to `max_seq_length` and padded to it:
-    `input_ids`, `token_type_ids` [N, max_seq_length] and `lengths` [N] (real tokens), all int32."""
+    """The tokenizer's own layout of one text or a pair (BERT: [CLS] a [SEP] b [SEP]; RoBERTa:
+    <s> a </s></s> b </s>), truncated longest-first to `max_seq_length` and padded to it.
+
+    Returns int32 `input_ids`, `token_type_ids`, `segment_ids` [N, max_seq_length] and `lengths` [N]
+    (real tokens). `segment_ids` says which text a token belongs to (`SEGMENT_A`, `SEGMENT_B`, or 0 for
+    special tokens and padding), from the tokenizer's own `sequence_ids`, so pair heads find the second
+    text whatever the family; `token_type_ids` stay 0 for a tokenizer whose model takes none (RoBERTa,
+    XLM-R, DistilBERT: `model_input_names`)."""
     n = len(texts_a)
     input_ids = np.zeros((n, max_seq_length), np.int32)
     token_type_ids = np.zeros((n, max_seq_length), np.int32)
+    segment_ids = np.zeros((n, max_seq_length), np.int32)
     lengths = np.zeros((n,), np.int32)
+    uses_token_types = "token_type_ids" in tokenizer.model_input_names
     for start in range(0, n, _CHUNK_SIZE):
         stop = min(start + _CHUNK_SIZE, n)
         encoded = tokenizer(
@@ -73,13 +84,22 @@ def encode_texts(
             truncation="longest_first",
             max_length=max_seq_length,
             padding="max_length",
-            return_token_type_ids=True,
+            return_token_type_ids=uses_token_types,
             return_attention_mask=True,
         )  # plain lists: converting them here is faster than return_tensors="np"
         input_ids[start:stop] = np.asarray(encoded["input_ids"], np.int32)
-        token_type_ids[start:stop] = np.asarray(encoded["token_type_ids"], np.int32)
+        if uses_token_types:
+            token_type_ids[start:stop] = np.asarray(encoded["token_type_ids"], np.int32)
+        segment_ids[start:stop] = [
+            [0 if s is None else s + SEGMENT_A for s in encoded.sequence_ids(i)] for i in range(stop - start)
+        ]
         lengths[start:stop] = np.asarray(encoded["attention_mask"], np.int32).sum(axis=1)
-    return {"input_ids": input_ids, "token_type_ids": token_type_ids, "lengths": lengths}
+    return {
+        "input_ids": input_ids,
+        "token_type_ids": token_type_ids,
+        "segment_ids": segment_ids,
+        "lengths": lengths,
+    }
 
 
 def cached(
@@ -128,10 +148,10 @@ def _write_atomically(path: Path, arrays: dict[str, np.ndarray]) -> None:
 def encode_head_tail(
     tokenizer: "PreTrainedTokenizerBase", texts: Sequence[str], *, max_seq_length: int, head_fraction: float
 ) -> dict[str, np.ndarray]:
-    """[CLS] text [SEP] like `encode_texts` for single texts, but a text longer than the
-    `max_seq_length - 2` tokens between [CLS] and [SEP] keeps its first `head_fraction` of them and its
-    last tokens for the rest, instead of its first tokens only (Sun et al. 2019, "How to fine-tune BERT
-    for text classification": head 128 + tail 382 of 510 scored best on long IMDb reviews)."""
+    """[CLS] text [SEP] (the tokenizer's own cls and sep) like `encode_texts` for single texts, but a text
+    longer than the `max_seq_length - 2` tokens between [CLS] and [SEP] keeps its first `head_fraction` of
+    them and its last tokens for the rest, instead of its first tokens only (Sun et al. 2019, "How to
+    fine-tune BERT for text classification": head 128 + tail 382 of 510 scored best on long IMDb reviews)."""
     budget = max_seq_length - 2
     head = round(budget * head_fraction)
     n = len(texts)
@@ -149,4 +169,12 @@ def encode_head_tail(
             input_ids[i, : len(row)] = row
             lengths[i] = len(row)
     token_type_ids = np.zeros((n, max_seq_length), np.int32)
-    return {"input_ids": input_ids, "token_type_ids": token_type_ids, "lengths": lengths}
+    # The text is every real token between [CLS] and [SEP].
+    positions = np.arange(max_seq_length)[None, :]
+    segment_ids = ((positions >= 1) & (positions < lengths[:, None] - 1)).astype(np.int32) * SEGMENT_A
+    return {
+        "input_ids": input_ids,
+        "token_type_ids": token_type_ids,
+        "segment_ids": segment_ids,
+        "lengths": lengths,
+    }

@@ -1,8 +1,10 @@
 """Word-level sequences (NER) as BERT windows: sub-tokens, with the first sub-token of each word labelled.
 
-A window is `[CLS] sub-tokens [SEP]`, right-padded to `max_seq_length`. Per window:
+A window is `[CLS] sub-tokens [SEP]` (the tokenizer's own cls / sep: <s> and </s> for RoBERTa and XLM-R),
+right-padded to `max_seq_length`. Per window:
 
     input_ids, token_type_ids  [N, max_seq_length]   token_type_ids all 0 (one segment)
+    segment_ids                [N, max_seq_length]   SEGMENT_A between [CLS] and [SEP], else 0
     lengths                    [N]                   real tokens, [CLS] and [SEP] included
     word_starts                [N, max_words]        position of each labelled word's first sub-token,
                                                      packed left (padding 0); max_words = max_seq_length - 2
@@ -17,16 +19,24 @@ the rest of each window is filled with the sub-tokens of the neighbouring senten
 half before and half after, unlabelled, as BERT's own NER setup did (Devlin et al. 2019, section 5.3).
 Sentences without a document (`NO_DOCUMENT`: the Hugging Face conll2003 rows) get no context.
 
+Words are tokenized one by one, as a word inside a sentence is: WordPiece and SentencePiece (XLM-R's
+"▁word") need nothing more; byte-level BPE (RoBERTa) codes the space before a word into its first piece
+("Ġword"), so each word is given that space, as transformers' `add_prefix_space=True` does for pre-split
+words.
+
 Any word-level task can use this module: its sentences need `words`, `tags` and `document` (data/conll.py's
 `Sentence` is one).
 """
 
+import json
 import logging
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+
+from stackft_jax.data.tokenization import SEGMENT_A
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -52,8 +62,22 @@ def word_piece_ids(tokenizer: "PreTrainedTokenizerBase", words: Sequence[str]) -
     """Each distinct word's sub-token ids (one batched tokenizer call); a word the tokenizer maps to
     nothing (control characters, say) gets the unknown token."""
     distinct = sorted(set(words))
-    encoded = tokenizer(distinct, add_special_tokens=False)["input_ids"] if distinct else []
+    prefix = " " if _byte_level_without_prefix_space(tokenizer) else ""
+    texts = [prefix + word for word in distinct]
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if distinct else []
     return {word: ids or [tokenizer.unk_token_id] for word, ids in zip(distinct, encoded, strict=True)}
+
+
+def _byte_level_without_prefix_space(tokenizer: "PreTrainedTokenizerBase") -> bool:
+    """Whether the tokenizer's pre-tokenizer is byte-level BPE that does not add the word's space itself."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return False
+    spec = json.loads(backend.to_str()).get("pre_tokenizer") or {}
+    return any(
+        part.get("type") == "ByteLevel" and not part.get("add_prefix_space")
+        for part in spec.get("pretokenizers", [spec])
+    )
 
 
 def _chunks(pieces: list[list[int]], budget: int) -> list[tuple[int, int]]:
@@ -101,6 +125,7 @@ def encode_sentences(
     arrays = {
         "input_ids": np.full((n, max_seq_length), tokenizer.pad_token_id, np.int32),
         "token_type_ids": np.zeros((n, max_seq_length), np.int32),
+        "segment_ids": np.zeros((n, max_seq_length), np.int32),
         "lengths": np.zeros(n, np.int32),
         "word_starts": np.zeros((n, budget), np.int32),
         "num_words": np.zeros(n, np.int32),
@@ -117,6 +142,7 @@ def encode_sentences(
         starts = np.cumsum([0] + [len(word) for word in pieces[:-1]]) + 1 + len(left)
         words = sentences[index].tags[start : start + len(pieces)]
         arrays["input_ids"][w, : len(tokens)] = tokens
+        arrays["segment_ids"][w, 1 : len(tokens) - 1] = SEGMENT_A
         arrays["lengths"][w] = len(tokens)
         arrays["word_starts"][w, : len(pieces)] = starts
         arrays["num_words"][w] = len(pieces)

@@ -1,20 +1,30 @@
-"""Flax NNX BERT that reproduces `transformers.BertModel`; loading of Hugging Face BERT checkpoints.
+"""Flax NNX encoder of the BERT family that reproduces transformers' BERT, RoBERTa, XLM-RoBERTa, ELECTRA
+and DistilBERT models; loading of their Hugging Face checkpoints.
 
-Parameter layout (`nnx.to_pure_dict(nnx.state(model, nnx.Param))`; the HF name each comes from):
+The five share one post-LayerNorm transformer; `FAMILIES` lists, per config.json `model_type`, what differs:
+RoBERTa / XLM-R count positions from `pad_token_id + 1` (transformers' create_position_ids_from_input_ids)
+and have one token type; ELECTRA embeds in `embedding_size` and projects to `hidden_size`, and has no
+pooler; DistilBERT has no token types and no pooler, and names its parameters differently. A family
+without a pooler hands the heads the last layer's first-token state ([CLS] / <s>) as `pooled`.
+
+Parameter layout, the same for every family (`nnx.to_pure_dict(nnx.state(model, nnx.Param))`; the BERT
+name each comes from; `Family.layer_modules` maps DistilBERT's names onto these):
 
     embeddings/word_embeddings/embedding          embeddings.word_embeddings.weight
     embeddings/position_embeddings/embedding      embeddings.position_embeddings.weight
     embeddings/token_type_embeddings/embedding    embeddings.token_type_embeddings.weight
     embeddings/layer_norm/{scale,bias}            embeddings.LayerNorm.{weight,bias}
+    embeddings/projection/{kernel,bias}           embeddings_project (ELECTRA with embedding_size != hidden)
     layers/{i}/attention/{query,key,value}/...    encoder.layer.{i}.attention.self.{query,key,value}
     layers/{i}/attention/output/{kernel,bias}     encoder.layer.{i}.attention.output.dense
     layers/{i}/attention_layer_norm/{scale,bias}  encoder.layer.{i}.attention.output.LayerNorm
     layers/{i}/intermediate/{kernel,bias}         encoder.layer.{i}.intermediate.dense
     layers/{i}/output/{kernel,bias}               encoder.layer.{i}.output.dense
     layers/{i}/output_layer_norm/{scale,bias}     encoder.layer.{i}.output.LayerNorm
-    pooler/{kernel,bias}                          pooler.dense
+    pooler/{kernel,bias}                          pooler.dense (BERT, RoBERTa, XLM-R only)
 
-`kernel` and `embedding` are the only weight-decayed leaf names (see optim.py); `{i}` is an int key.
+No token_type_embeddings for DistilBERT. `kernel` and `embedding` are the only weight-decayed leaf names
+(see optim.py); `{i}` is an int key.
 """
 
 from __future__ import annotations
@@ -50,7 +60,67 @@ _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 
 
 @dataclasses.dataclass(frozen=True)
+class Family:
+    """What one `model_type` changes in the shared encoder and its checkpoint names.
+
+    prefix:          the encoder's name prefix in task / pre-training checkpoints ("roberta." in
+                     RobertaForMaskedLM); tensors outside it there are heads and are ignored.
+    config_keys:     config.json keys that name a `BertConfig` field differently (DistilBERT's `dim`).
+    config_defaults: fields config.json leaves out because the family fixes them.
+    has_pooler:      BertModel's tanh(dense([CLS])) pooler exists.
+    offset_positions: position ids count real tokens from pad_token_id + 1, padding at pad_token_id.
+    layer_prefix:    the checkpoint's name of layer i is `{layer_prefix}{i}.`.
+    layer_modules:   the family's module names inside a layer -> BERT's (none: BERT's own names).
+    """
+
+    prefix: str
+    config_keys: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    config_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    has_pooler: bool = True
+    offset_positions: bool = False
+    layer_prefix: str = "encoder.layer."
+    layer_modules: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+_ROBERTA = Family(prefix="roberta.", offset_positions=True)
+FAMILIES: dict[str, Family] = {
+    "bert": Family(prefix="bert."),
+    "roberta": _ROBERTA,
+    "xlm-roberta": _ROBERTA,
+    "electra": Family(prefix="electra.", has_pooler=False),
+    "distilbert": Family(
+        prefix="distilbert.",
+        config_keys={
+            "dim": "hidden_size",
+            "n_layers": "num_hidden_layers",
+            "n_heads": "num_attention_heads",
+            "hidden_dim": "intermediate_size",
+            "activation": "hidden_act",
+            "dropout": "hidden_dropout_prob",
+            "attention_dropout": "attention_probs_dropout_prob",
+            "sinusoidal_pos_embds": "sinusoidal_positions",
+        },
+        config_defaults={"type_vocab_size": 0},  # no token type embeddings at all
+        has_pooler=False,
+        layer_prefix="transformer.layer.",
+        layer_modules={
+            "attention.q_lin": "attention.self.query",
+            "attention.k_lin": "attention.self.key",
+            "attention.v_lin": "attention.self.value",
+            "attention.out_lin": "attention.output.dense",
+            "sa_layer_norm": "attention.output.LayerNorm",
+            "ffn.lin1": "intermediate.dense",
+            "ffn.lin2": "output.dense",
+            "output_layer_norm": "output.LayerNorm",
+        },
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
 class BertConfig:
+    """One encoder of the BERT family (`model_type` picks the `Family`), in BERT's field names."""
+
     vocab_size: int
     hidden_size: int
     num_hidden_layers: int
@@ -64,12 +134,20 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     pad_token_id: int = 0
     initializer_range: float = 0.02
+    model_type: str = "bert"
+    embedding_size: int | None = None  # ELECTRA: the embeddings' width, projected to hidden_size
+    # DistilBERT: position table initialised to sinusoids (it then trains like any parameter here;
+    # transformers keeps it fixed). A checkpoint holds the table, so loading needs nothing of this.
+    sinusoidal_positions: bool = False
 
     def __post_init__(self):
+        if self.model_type not in FAMILIES:
+            raise ValueError(
+                f"model_type={self.model_type!r} is not supported; supported: {', '.join(FAMILIES)}"
+            )
         if self.hidden_act not in _ACTIVATIONS:
             raise ValueError(
-                f"hidden_act={self.hidden_act!r} is not supported; "
-                f"use one of {sorted(_ACTIVATIONS)}"
+                f"hidden_act={self.hidden_act!r} is not supported; use one of {sorted(_ACTIVATIONS)}"
             )
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
@@ -77,14 +155,34 @@ class BertConfig:
                 f"num_attention_heads={self.num_attention_heads}"
             )
 
+    @property
+    def family(self) -> Family:
+        return FAMILIES[self.model_type]
+
+    @property
+    def embedding_width(self) -> int:
+        return self.embedding_size or self.hidden_size
+
+    @property
+    def first_position(self) -> int:
+        """The position id of the first token: pad_token_id + 1 for RoBERTa / XLM-R, else 0."""
+        return self.pad_token_id + 1 if self.family.offset_positions else 0
+
+    @property
+    def max_sequence_length(self) -> int:
+        """The longest input the position table covers (RoBERTa's 514 positions hold 512 tokens)."""
+        return self.max_position_embeddings - self.first_position
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], *, source: str = "config dict") -> BertConfig:
         """From a Hugging Face config.json dict; keys we do not use are ignored."""
         model_type = d.get("model_type", "bert")
-        if model_type != "bert":
+        if model_type not in FAMILIES:
             raise ValueError(
-                f"{source}: model_type={model_type!r}, but only 'bert' checkpoints are supported"
+                f"{source}: model_type={model_type!r} is not supported; supported: {', '.join(FAMILIES)}"
             )
+        family = FAMILIES[model_type]
+        d = {**family.config_defaults, **{family.config_keys.get(k, k): v for k, v in d.items()}}
         position_type = d.get("position_embedding_type", "absolute")
         if position_type != "absolute":
             raise ValueError(
@@ -92,7 +190,7 @@ class BertConfig:
                 "(only 'absolute' position embeddings are implemented)"
             )
         if d.get("is_decoder") or d.get("add_cross_attention"):
-            raise ValueError(f"{source}: decoder / cross-attention BERT is not supported")
+            raise ValueError(f"{source}: decoder / cross-attention {model_type} is not supported")
         names = {f.name for f in dataclasses.fields(cls)}
         required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
         missing = [k for k in required if k not in d]
@@ -101,6 +199,8 @@ class BertConfig:
         kwargs = {k: v for k, v in d.items() if k in names}
         if isinstance(kwargs.get("hidden_act"), str):
             kwargs["hidden_act"] = kwargs["hidden_act"].lower()
+        if kwargs.get("embedding_size") == kwargs["hidden_size"]:
+            kwargs["embedding_size"] = None  # ELECTRA-large: no projection (transformers has none)
         try:
             return cls(**kwargs)
         except ValueError as e:
@@ -126,8 +226,9 @@ def tiny_config(vocab_size: int = 128) -> BertConfig:
 
 
 class BertOutput(NamedTuple):
-    """hidden_states: embedding output, then each layer's output ([batch, length, hidden] each);
-    exactly HF's `output_hidden_states`. pooled: tanh(dense(last layer at [CLS]))."""
+    """hidden_states: embedding output (ELECTRA: projected to hidden_size), then each layer's output
+    ([batch, length, hidden] each); exactly HF's `output_hidden_states`. pooled: tanh(dense(last layer at
+    [CLS])), or the last layer at [CLS] itself for a family without a pooler."""
 
     hidden_states: tuple[jax.Array, ...]
     pooled: jax.Array
@@ -175,9 +276,7 @@ class BertLayer(nnx.Module):
         self.intermediate = _linear(
             config.hidden_size, config.intermediate_size, config, dtype, param_dtype, rngs
         )
-        self.output = _linear(
-            config.intermediate_size, config.hidden_size, config, dtype, param_dtype, rngs
-        )
+        self.output = _linear(config.intermediate_size, config.hidden_size, config, dtype, param_dtype, rngs)
         self.output_layer_norm = _layer_norm(config, dtype, param_dtype, rngs)
         self.dropout = Dropout(config.hidden_dropout_prob)
         self.hidden_act = config.hidden_act
@@ -198,7 +297,7 @@ class BertEmbeddings(nnx.Module):
         def embed(num: int) -> nnx.Embed:
             return nnx.Embed(
                 num,
-                config.hidden_size,
+                config.embedding_width,
                 dtype=dtype,
                 param_dtype=param_dtype,
                 embedding_init=nnx.initializers.normal(config.initializer_range),
@@ -211,9 +310,22 @@ class BertEmbeddings(nnx.Module):
             table = self.word_embeddings.embedding
             table[...] = table[...].at[config.pad_token_id].set(0)
         self.position_embeddings = embed(config.max_position_embeddings)
-        self.token_type_embeddings = embed(config.type_vocab_size)
-        self.layer_norm = _layer_norm(config, dtype, param_dtype, rngs)
+        if config.sinusoidal_positions:
+            table = self.position_embeddings.embedding
+            table[...] = _sinusoids(config.max_position_embeddings, config.embedding_width).astype(
+                param_dtype
+            )
+        self.token_type_embeddings = embed(config.type_vocab_size) if config.type_vocab_size else None
+        self.layer_norm = _layer_norm(config, dtype, param_dtype, rngs, width=config.embedding_width)
         self.dropout = Dropout(config.hidden_dropout_prob)
+        self.projection = (
+            _linear(config.embedding_width, config.hidden_size, config, dtype, param_dtype, rngs)
+            if config.embedding_width != config.hidden_size
+            else None
+        )
+        self.pad_token_id = config.pad_token_id
+        self.first_position = config.first_position
+        self.offset_positions = config.family.offset_positions
 
     def __call__(
         self,
@@ -224,22 +336,40 @@ class BertEmbeddings(nnx.Module):
         rngs: nnx.Rngs | None,
     ) -> jax.Array:
         length = input_ids.shape[1]
-        max_length = self.position_embeddings.num_embeddings
+        max_length = self.position_embeddings.num_embeddings - self.first_position
         if length > max_length:
             raise ValueError(
-                f"sequence length {length} exceeds max_position_embeddings={max_length}"
+                f"sequence length {length} exceeds the {max_length} tokens max_position_embeddings="
+                f"{self.position_embeddings.num_embeddings} holds"
             )
-        # Absolute positions 0..L-1 regardless of padding, as HF does with right padding.
-        x = (
-            self.word_embeddings(input_ids)
-            + self.token_type_embeddings(token_type_ids)
-            + self.position_embeddings(jnp.arange(length)[None, :])
-        )
-        return self.dropout(self.layer_norm(x), deterministic=deterministic, rngs=rngs)
+        if self.offset_positions:
+            # RoBERTa: real tokens count up from pad_token_id + 1, padding tokens sit at pad_token_id.
+            real = (input_ids != self.pad_token_id).astype(jnp.int32)
+            positions = jnp.cumsum(real, axis=1) * real + self.pad_token_id
+        else:
+            # Absolute positions 0..L-1 regardless of padding, as HF does with right padding.
+            positions = jnp.arange(length)[None, :]
+        x = self.word_embeddings(input_ids)
+        if self.token_type_embeddings is not None:
+            x = x + self.token_type_embeddings(token_type_ids)
+        x = x + self.position_embeddings(positions)
+        x = self.dropout(self.layer_norm(x), deterministic=deterministic, rngs=rngs)
+        return self.projection(x) if self.projection is not None else x
+
+
+def _sinusoids(num_positions: int, width: int) -> jax.Array:
+    """DistilBERT's fixed table: sin on even, cos on odd features (create_sinusoidal_embeddings)."""
+    position = np.arange(num_positions)[:, None]
+    angles = position / np.power(10000, 2 * (np.arange(width)[None, :] // 2) / width)
+    table = np.zeros((num_positions, width), np.float32)
+    table[:, 0::2] = np.sin(angles[:, 0::2])
+    table[:, 1::2] = np.cos(angles[:, 1::2])
+    return jnp.asarray(table)
 
 
 class BertModel(nnx.Module):
-    """BERT encoder plus pooler; `dtype` is the compute dtype, `param_dtype` the storage dtype."""
+    """A BERT-family encoder plus pooler (when the family has one); `dtype` is the compute dtype,
+    `param_dtype` the storage dtype. `token_type_ids` are ignored by DistilBERT, which has none."""
 
     def __init__(
         self,
@@ -258,8 +388,10 @@ class BertModel(nnx.Module):
                 for _ in range(config.num_hidden_layers)
             ]
         )
-        self.pooler = _linear(
-            config.hidden_size, config.hidden_size, config, dtype, param_dtype, rngs
+        self.pooler = (
+            _linear(config.hidden_size, config.hidden_size, config, dtype, param_dtype, rngs)
+            if config.family.has_pooler
+            else None
         )
 
     def __call__(
@@ -279,15 +411,17 @@ class BertModel(nnx.Module):
             raise ValueError("deterministic=False needs rngs=nnx.Rngs(dropout=key)")
         # HF's additive mask: 0 for real keys, the compute dtype's min for padding. A row with no
         # real key at all (a fully masked padding example) softmaxes to uniform, not NaN.
-        mask_bias = jnp.where(
-            attention_mask[:, None, None, :] > 0, 0.0, jnp.finfo(self.dtype).min
-        ).astype(jnp.float32)
+        mask_bias = jnp.where(attention_mask[:, None, None, :] > 0, 0.0, jnp.finfo(self.dtype).min).astype(
+            jnp.float32
+        )
         x = self.embeddings(input_ids, token_type_ids, deterministic=deterministic, rngs=rngs)
         hidden_states = [x]
         for layer in self.layers:
             x = layer(x, mask_bias, deterministic=deterministic, rngs=rngs)
             hidden_states.append(x)
-        pooled = jnp.tanh(self.pooler(x[:, 0]))
+        # Without a pooler (ELECTRA, DistilBERT) heads get the first token's state itself, what those
+        # families' own classifiers start from.
+        pooled = jnp.tanh(self.pooler(x[:, 0])) if self.pooler is not None else x[:, 0]
         return BertOutput(hidden_states=tuple(hidden_states), pooled=pooled)
 
     def _has_dropout(self) -> bool:
@@ -295,9 +429,7 @@ class BertModel(nnx.Module):
         return c.hidden_dropout_prob > 0 or c.attention_probs_dropout_prob > 0
 
 
-def _linear(
-    n_in: int, n_out: int, config: BertConfig, dtype: Any, param_dtype: Any, rngs: nnx.Rngs
-) -> Dense:
+def _linear(n_in: int, n_out: int, config: BertConfig, dtype: Any, param_dtype: Any, rngs: nnx.Rngs) -> Dense:
     return Dense(
         n_in,
         n_out,
@@ -309,11 +441,13 @@ def _linear(
     )
 
 
-def _layer_norm(config: BertConfig, dtype: Any, param_dtype: Any, rngs: nnx.Rngs) -> nnx.LayerNorm:
+def _layer_norm(
+    config: BertConfig, dtype: Any, param_dtype: Any, rngs: nnx.Rngs, width: int | None = None
+) -> nnx.LayerNorm:
     # Statistics are reduced in float32 even for bf16 inputs (flax's default); the two-pass
     # variance matches torch more closely than E[x^2] - E[x]^2.
     return nnx.LayerNorm(
-        config.hidden_size,
+        width or config.hidden_size,
         epsilon=config.layer_norm_eps,
         dtype=dtype,
         param_dtype=param_dtype,
@@ -329,7 +463,10 @@ _HUB_PATTERNS = [
     "config.json",
     "*.safetensors",
     "*.safetensors.index.json",
-    "vocab.txt",
+    "vocab.txt",  # WordPiece (BERT, ELECTRA, DistilBERT)
+    "vocab.json",  # byte-level BPE (RoBERTa)
+    "merges.txt",
+    "sentencepiece.bpe.model",  # XLM-R
     "tokenizer*",
     "special_tokens_map.json",
 ]
@@ -352,7 +489,7 @@ def resolve_model_dir(name_or_path: str) -> Path:
             raise FileNotFoundError(f"model folder {str(path)!r} does not exist")
         if not (path / "config.json").is_file():
             raise FileNotFoundError(
-                f"model folder {str(path)!r} has no config.json; expected a Hugging Face BERT "
+                f"model folder {str(path)!r} has no config.json; expected a Hugging Face encoder "
                 "folder (config.json plus model.safetensors)"
             )
         return path
@@ -381,9 +518,7 @@ def _download_from_hub(repo_id: str) -> Path:
 
     offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
     try:
-        return Path(
-            snapshot_download(repo_id, allow_patterns=_HUB_PATTERNS, local_files_only=offline)
-        )
+        return Path(snapshot_download(repo_id, allow_patterns=_HUB_PATTERNS, local_files_only=offline))
     except (LocalEntryNotFoundError, OfflineModeIsEnabled) as e:
         raise FileNotFoundError(
             f"model {repo_id!r} is neither a local folder nor in the Hugging Face cache, and the "
@@ -443,9 +578,7 @@ def load_hf_weights(model_dir: Path, *, allow_pickle: bool = False) -> dict[str,
         for p in pickles:
             state = torch.load(p, map_location="cpu", weights_only=True)
             # numpy has no bfloat16; float32 is exact for bf16/fp16 and the params are float32.
-            tensors.update(
-                {k: (v.float() if v.is_floating_point() else v).numpy() for k, v in state.items()}
-            )
+            tensors.update({k: (v.float() if v.is_floating_point() else v).numpy() for k, v in state.items()})
         return tensors
     raise FileNotFoundError(
         f"no weights in {model_dir}: expected model.safetensors, sharded safetensors with "
@@ -508,6 +641,9 @@ def _target_path(name: str, num_layers: int) -> tuple[tuple[str | int, ...], boo
     if name in ("pooler.dense.weight", "pooler.dense.bias"):
         leaf = name.rpartition(".")[2]
         return ("pooler", "kernel" if leaf == "weight" else "bias"), leaf == "weight"
+    if name in ("embeddings_project.weight", "embeddings_project.bias"):
+        leaf = name.rpartition(".")[2]
+        return ("embeddings", "projection", "kernel" if leaf == "weight" else "bias"), leaf == "weight"
     m = _LAYER_RE.fullmatch(name)
     if m is None or int(m.group(1)) >= num_layers:
         return None
@@ -520,12 +656,24 @@ def _target_path(name: str, num_layers: int) -> tuple[tuple[str | int, ...], boo
     return None
 
 
+def _to_bert_name(name: str, family: Family) -> str:
+    """A layer tensor's name in BERT's naming (`family.layer_modules`); other names pass unchanged."""
+    if not name.startswith(family.layer_prefix) or not family.layer_modules:
+        return name
+    index, _, rest = name[len(family.layer_prefix) :].partition(".")
+    module, _, leaf = rest.rpartition(".")
+    if module not in family.layer_modules:
+        return name
+    return f"encoder.layer.{index}.{family.layer_modules[module]}.{leaf}"
+
+
 def _expected_paths(config: BertConfig) -> list[tuple[str | int, ...]]:
-    paths: list[tuple[str | int, ...]] = [
-        ("embeddings", e, "embedding")
-        for e in ("word_embeddings", "position_embeddings", "token_type_embeddings")
-    ]
+    embeddings = ["word_embeddings", "position_embeddings"]
+    embeddings += ["token_type_embeddings"] if config.type_vocab_size else []
+    paths: list[tuple[str | int, ...]] = [("embeddings", e, "embedding") for e in embeddings]
     paths += [("embeddings", "layer_norm", leaf) for leaf in ("scale", "bias")]
+    if config.embedding_width != config.hidden_size:
+        paths += [("embeddings", "projection", leaf) for leaf in ("kernel", "bias")]
     for i in range(config.num_hidden_layers):
         for module in ("query", "key", "value", "output"):
             paths += [("layers", i, "attention", module, leaf) for leaf in ("kernel", "bias")]
@@ -533,7 +681,8 @@ def _expected_paths(config: BertConfig) -> list[tuple[str | int, ...]]:
             paths += [("layers", i, module, leaf) for leaf in ("kernel", "bias")]
         for module in ("attention_layer_norm", "output_layer_norm"):
             paths += [("layers", i, module, leaf) for leaf in ("scale", "bias")]
-    paths += [("pooler", leaf) for leaf in ("kernel", "bias")]
+    if config.family.has_pooler:
+        paths += [("pooler", leaf) for leaf in ("kernel", "bias")]
     return paths
 
 
@@ -541,27 +690,30 @@ def _path_str(path: tuple[str | int, ...]) -> str:
     return "/".join(str(p) for p in path)
 
 
-def convert_hf_weights(
-    tensors: Mapping[str, np.ndarray], config: BertConfig
-) -> tuple[dict, LoadReport]:
-    """HF BERT tensor names -> the nested pure dict of `BertModel` params (layer keys are ints),
-    as float32 numpy arrays; copy them into a model with `assign_params`.
+def convert_hf_weights(tensors: Mapping[str, np.ndarray], config: BertConfig) -> tuple[dict, LoadReport]:
+    """HF tensor names of `config.model_type` -> the nested pure dict of `BertModel` params (layer keys
+    are ints), as float32 numpy arrays; copy them into a model with `assign_params`.
 
-    Accepts bare BertModel names and task-model names with a "bert." prefix; in the latter every
-    non-"bert." tensor is a head (cls.*, classifier.*, ...) and is ignored, as is cls.* always.
+    Accepts bare model names ("encoder.layer.0...") and task / pre-training model names with the
+    family's prefix ("bert.", "roberta.", "electra.", "distilbert."); in the latter every tensor
+    outside the prefix is a head (cls.*, lm_head.*, classifier.*, discriminator_predictions.*) and is
+    ignored, as is BERT's cls.* always.
     """
-    prefixed = any(k.startswith("bert.") for k in tensors)
+    family = config.family
+    prefixed = any(k.startswith(family.prefix) for k in tensors)
+    expected = _expected_paths(config)
+    wanted = set(expected)
     params: dict = {}
     found: set[tuple[str | int, ...]] = set()
     unexpected, ignored = [], []
     for hf_name, value in tensors.items():
-        name = hf_name.removeprefix("bert.")
-        is_head = hf_name.startswith("cls.") or (prefixed and not hf_name.startswith("bert."))
+        name = _to_bert_name(hf_name.removeprefix(family.prefix), family)
+        is_head = hf_name.startswith("cls.") or (prefixed and not hf_name.startswith(family.prefix))
         if is_head or name.endswith("position_ids") or name.endswith("token_type_ids"):
             ignored.append(hf_name)
             continue
         target = _target_path(name, config.num_hidden_layers)
-        if target is None:
+        if target is None or target[0] not in wanted:
             unexpected.append(hf_name)
             continue
         path, transpose = target
@@ -573,15 +725,11 @@ def convert_hf_weights(
         array = np.asarray(value, dtype=np.float32)
         node[path[-1]] = np.ascontiguousarray(array.T) if transpose else array
         found.add(path)
-    missing = [_path_str(p) for p in _expected_paths(config) if p not in found]
-    return params, LoadReport(
-        missing=missing, unexpected=sorted(unexpected), ignored=sorted(ignored)
-    )
+    missing = [_path_str(p) for p in expected if p not in found]
+    return params, LoadReport(missing=missing, unexpected=sorted(unexpected), ignored=sorted(ignored))
 
 
-def load_pretrained_weights(
-    model: BertModel, model_dir: Path, *, allow_pickle: bool = False
-) -> LoadReport:
+def load_pretrained_weights(model: BertModel, model_dir: Path, *, allow_pickle: bool = False) -> LoadReport:
     """Copies a Hugging Face checkpoint into `model`; only a missing pooler may keep its random init."""
     tensors = load_hf_weights(model_dir, allow_pickle=allow_pickle)
     converted, report = convert_hf_weights(tensors, model.config)
@@ -590,7 +738,7 @@ def load_pretrained_weights(
     if not_pooler:
         raise ValueError(
             f"checkpoint {str(model_dir)!r} lacks encoder weights {not_pooler[:6]}"
-            f"{' ...' if len(not_pooler) > 6 else ''}; is it a BERT checkpoint?"
+            f"{' ...' if len(not_pooler) > 6 else ''}; is it a {model.config.model_type} checkpoint?"
         )
     assign_params(model, converted)
     if report.missing:
@@ -598,9 +746,7 @@ def load_pretrained_weights(
     if report.unexpected:
         logger.warning("%s: unused checkpoint tensors: %s", model_dir, report.unexpected)
     if report.ignored:
-        logger.info(
-            "%s: ignored checkpoint tensors (heads, buffers): %s", model_dir, report.ignored
-        )
+        logger.info("%s: ignored checkpoint tensors (heads, buffers): %s", model_dir, report.ignored)
     return report
 
 
@@ -612,7 +758,7 @@ def load_pretrained_bert(
     allow_pickle: bool = False,
     rngs: nnx.Rngs,
 ) -> tuple[BertModel, BertConfig, LoadReport]:
-    """Builds `BertModel` from a hub id, local folder or `embedded:minilm`."""
+    """Builds `BertModel` (any family in `FAMILIES`) from a hub id, local folder or `embedded:minilm`."""
     model_dir = resolve_model_dir(name_or_path)
     config = BertConfig.from_pretrained(model_dir)
     model = BertModel(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)

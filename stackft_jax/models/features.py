@@ -9,11 +9,13 @@ import jax.numpy as jnp
 class Features(NamedTuple):
     """Backbone outputs plus the batch fields a head needs for masking, sentence splitting and words.
 
-    sequence:        [batch, length, hidden] token states: the last BERT layer, or the learned
+    sequence:        [batch, length, hidden] token states: the last encoder layer, or the learned
                      scalar mix of all layers when `model.scalar_mix` is on.
-    pooled:          [batch, hidden] BERT pooler output (tanh dense on [CLS]).
+    pooled:          [batch, hidden] the pooler output (tanh dense on [CLS]); for a family without a
+                     pooler (ELECTRA, DistilBERT) the last layer's [CLS] state (models/bert.py).
     attention_mask:  [batch, length] 1 for real tokens, 0 for padding.
-    token_type_ids:  [batch, length] 0 for the first segment ([CLS] a [SEP]), 1 for the second (b [SEP]).
+    segment_ids:     [batch, length] which text a token belongs to: 1 the first, 2 the second, 0 special
+                     tokens and padding (data/tokenization.py), for every family, token types or not.
     word_starts:     word-level tasks only: [batch, max_words] position of each labelled word's first
                      sub-token, packed left (data/word_pieces.py); None for sentence(-pair) tasks.
     num_words:       word-level tasks only: [batch] labelled words per row.
@@ -22,7 +24,7 @@ class Features(NamedTuple):
     sequence: jax.Array
     pooled: jax.Array
     attention_mask: jax.Array
-    token_type_ids: jax.Array
+    segment_ids: jax.Array
     word_starts: jax.Array | None = None
     num_words: jax.Array | None = None
 

@@ -1,4 +1,5 @@
-"""BERT backbone + task head in one module, so parameters split into `backbone/...` and `head/...`."""
+"""Encoder (models/bert.py, any family) + task head in one module, so parameters split into
+`backbone/...` and `head/...`."""
 
 from collections.abc import Sequence
 from typing import Any
@@ -45,7 +46,7 @@ class Head(nnx.Module):
             sequence=sequence,
             pooled=pooled,
             attention_mask=batch["attention_mask"],
-            token_type_ids=batch["token_type_ids"],
+            segment_ids=batch["segment_ids"],
             word_starts=batch.get("word_starts"),
             num_words=batch.get("num_words"),
         )

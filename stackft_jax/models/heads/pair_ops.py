@@ -1,9 +1,9 @@
 """Pieces the sentence-pair heads (bimpm, sim_transformer, esim) share.
 
-BERT encodes a pair jointly as `[CLS] a [SEP] b [SEP] pad...`; the pair heads want two separate,
-left-aligned sentences. `split_pair` cuts them out with static shapes; `stack_pair` lets one shared
-layer run over both. Layers that are not pair-specific (masked pooling, the BiLSTM) are in
-models/layers.py.
+The encoder reads a pair jointly (BERT: `[CLS] a [SEP] b [SEP] pad...`, RoBERTa: `<s> a </s></s> b </s>`);
+the pair heads want two separate, left-aligned sentences. `split_pair` cuts them out with static shapes;
+`stack_pair` lets one shared layer run over both. Layers that are not pair-specific (masked pooling, the
+BiLSTM) are in models/layers.py.
 """
 
 from typing import NamedTuple
@@ -11,6 +11,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from stackft_jax.data.tokenization import SEGMENT_A, SEGMENT_B
 from stackft_jax.models.features import Features
 
 
@@ -41,24 +42,16 @@ def _pack(states: jax.Array, keep: jax.Array) -> Sentence:
 def split_pair(features: Features, dtype: jnp.dtype | None = None) -> tuple[Sentence, Sentence]:
     """Splits the joint encoding into P = the tokens of a and Q = the tokens of b.
 
-    [CLS] and both [SEP]s are left out: they are positions of the joint input, not words of
-    either sentence (BiMPM and ESIM compare words). P is the real tokens with token type 0 minus
-    the first and last of them ([CLS], [SEP]); Q is the real tokens with token type 1 minus the
-    last ([SEP]). Both keep the input length, so shapes stay static; a one-sentence input gives an
-    empty Q. `dtype` casts the states (the head's compute dtype).
+    Special tokens ([CLS], [SEP], <s>, </s>) are left out: they are positions of the joint input, not
+    words of either sentence (BiMPM and ESIM compare words). Which token belongs to which text comes
+    from `segment_ids`, written at tokenization for every family, never from token type ids (RoBERTa
+    and DistilBERT have none). Both keep the input length, so shapes stay static; a one-sentence input
+    gives an empty Q. `dtype` casts the states (the head's compute dtype).
     """
     states = features.sequence if dtype is None else features.sequence.astype(dtype)
     real = features.attention_mask.astype(bool)
-    first = real & (features.token_type_ids == 0)
-    second = real & (features.token_type_ids == 1)
-
-    def rank_and_count(segment: jax.Array) -> tuple[jax.Array, jax.Array]:
-        return jnp.cumsum(segment, axis=1) - 1, segment.sum(axis=1, keepdims=True)
-
-    rank_a, count_a = rank_and_count(first)
-    rank_b, count_b = rank_and_count(second)
-    keep_a = first & (rank_a >= 1) & (rank_a < count_a - 1)
-    keep_b = second & (rank_b < count_b - 1)
+    keep_a = real & (features.segment_ids == SEGMENT_A)
+    keep_b = real & (features.segment_ids == SEGMENT_B)
     return _pack(states, keep_a), _pack(states, keep_b)
 
 
