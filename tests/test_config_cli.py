@@ -261,8 +261,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
         (
             # A value the parser accepts but train.check_config refuses: the same one line.
             ["--config=configs/tiny.py", "--config.strategy=stack_nly"],
-            "config.strategy='stack_nly': choose one of ('finetune_only', 'stack_only', "
-            "'stack_and_finetune', 'gradual_unfreezing', 'lp_ft'), or write config.phases",
+            "config.strategy='stack_nly': choose one of ('finetune_only', 'finetune_only_uniform', "
+            "'stack_only', 'stack_and_finetune', 'gradual_unfreezing', 'lp_ft'), or write config.phases",
         ),
         (
             # A task's own data.* keys are checked before anything runs (TaskSpec.configure).
