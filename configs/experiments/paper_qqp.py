@@ -1,15 +1,28 @@
-"""Wang et al. 2019's QQP experiment as a grid: their heads x the three strategies x 5 seeds.
+"""Wang et al. 2019's QQP experiment as a grid: their heads x finetune-only (both baselines) x stack-only x
+stack-and-finetune x 5 seeds.
 
 Full scale (bert-base-uncased, GLUE QQP from the Hugging Face hub, the budgets of configs/quora.py):
   python -m stackft_jax.experiment --config=configs/experiments/paper_qqp.py --workdir=runs/paper_qqp
 CPU-sized (embedded MiniLM, the shared QQP subset, 120 frozen-backbone and 60 fine-tuning steps of 16
-pairs; docs/strategy_comparison.md is its report):
-  python -m stackft_jax.experiment --config=configs/experiments/paper_qqp.py:small \
-    --workdir=runs/paper_qqp_small
-docs/strategy_comparison.md's run used two shards over one workdir, one pinned to each of two cores:
-  taskset -c 0 python -m stackft_jax.experiment ... --shard=0/2 & taskset -c 1 ... --shard=1/2
+pairs), committed run by run so it resumes from the repository on any machine:
+  taskset -c 0 python -m stackft_jax.experiment --config=configs/experiments/paper_qqp.py:small \
+    --workdir=docs/grids/paper_qqp_small --shard=0/2 &
+  taskset -c 1 python -m stackft_jax.experiment --config=configs/experiments/paper_qqp.py:small \
+    --workdir=docs/grids/paper_qqp_small --shard=1/2
 The report (WORKDIR/report.md) compares every strategy with finetune_only, per head, paired by seed.
-"""
+
+Two finetune-only baselines: `finetune_only` trains the new head at its own rate
+(phase2.new_head_learning_rate, 1e-3) and `finetune_only_uniform` at BERT's (5e-5), the paper's recipe,
+which at this budget leaves the recurrent pair heads at the majority class (docs/finetune_collapse.md):
+the report flags that cell, and comparisons with it are marked invalid.
+
+The small preset's budget is a CPU budget, not where the curves flatten: 80 runs in about 2.5 hours of a
+quiet 2-core machine (the 60-run grid of 2026-11-22 took 112 minutes with one shard per core; a
+fine-tuning run is ~40 s of steps and one 20 s dev pass, stack-only costs the head alone on cached
+features). The pilot curve (configs/experiments/pilot.py:qqp) and docs/finetune_collapse.md show dev
+accuracy still rising at 60 fine-tuning steps (BiMPM at BERT's rate leaves the majority class only after
+~100 steps and reaches 0.75 by 180): this grid answers the short-budget question, not the full-scale one.
+""""""
 
 import ml_collections
 
