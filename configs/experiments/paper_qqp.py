@@ -22,7 +22,7 @@ fine-tuning run is ~40 s of steps and one 20 s dev pass, stack-only costs the he
 features). The pilot curve (configs/experiments/pilot.py:qqp) and docs/finetune_collapse.md show dev
 accuracy still rising at 60 fine-tuning steps (BiMPM at BERT's rate leaves the majority class only after
 ~100 steps and reaches 0.75 by 180): this grid answers the short-budget question, not the full-scale one.
-""""""
+"""
 
 import ml_collections
 
