@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from stackft_jax.models.crf import PAD_TAG
+
 Batch = dict[str, jax.Array]
 # (head outputs, batch) -> (summed loss, statistics). The statistics hold `loss_sum`, `count` (what
 # the loss is averaged over: real examples, or real words) and, where predictions can be right or
@@ -41,14 +43,15 @@ class Objective:
 
 class WordScores(Protocol):
     """What a tagging head returns (models/word_scores.py): scores for the words of each row, packed left
-    ([batch, max_words, ...]); positions at or past `num_words` are padding and must not matter."""
+    ([batch, width, ...], width <= max_words: the batch's `Features.word_width`); positions at or past
+    `num_words` are padding and must not matter."""
 
     def negative_log_likelihood(self, labels: jax.Array, num_words: jax.Array) -> jax.Array:
-        """-log p(labels) per row [batch], summed over the row's words; `labels` [batch, max_words]."""
+        """-log p(labels) per row [batch], summed over the row's words; `labels` [batch, >= width]."""
         ...
 
     def decode(self, num_words: jax.Array) -> jax.Array:
-        """The best tags [batch, max_words] int32, -1 at padding."""
+        """The best tags [batch, width] int32, PAD_TAG (-1) at padding."""
         ...
 
 
@@ -84,12 +87,16 @@ def word_tagging_loss(scores: WordScores, batch: Batch) -> tuple[jax.Array, dict
     nll = scores.negative_log_likelihood(batch["labels"], num_words) * mask
     tags = scores.decode(num_words)
     real = jnp.arange(tags.shape[1])[None, :] < words[:, None]
-    correct = ((tags == batch["labels"]) & real).sum()
+    correct = ((tags == batch["labels"][:, : tags.shape[1]]) & real).sum()
     return _summed(nll, words.sum().astype(jnp.float32), correct=correct.astype(jnp.float32))
 
 
 def word_tagging_predictions(scores: WordScores, batch: Batch) -> dict[str, jax.Array]:
-    return {"predictions": scores.decode(batch["num_words"])}
+    """Tags for all `max_words` slots of the batch (the head scored only its first `width`): every
+    batch of a split has the same row shape whatever its length bucket."""
+    tags = scores.decode(batch["num_words"])
+    slots = batch["labels"].shape[1]  # max_words, as word_starts
+    return {"predictions": jnp.pad(tags, ((0, 0), (0, slots - tags.shape[1])), constant_values=PAD_TAG)}
 
 
 CLASSIFICATION = Objective("classification", classification_loss, classification_predictions)

@@ -15,6 +15,7 @@ import optax
 import pytest
 from flax import nnx
 
+from stackft_jax import objectives
 from stackft_jax.models.features import Features
 from stackft_jax.models.heads import HEADS, default_head_configs, is_linear, tagger
 from stackft_jax.models.heads.pair_ops import split_pair
@@ -261,6 +262,56 @@ def test_tagging_head_scores_every_word(name):
     tags = np.asarray(predictions_of(outputs, features))
     real = np.arange(tags.shape[1])[None, :] < np.asarray(features.num_words)[:, None]
     assert np.all((tags >= 0) == real) and np.all(tags < len(TAGS))
+
+
+def with_padded_tokens(features: Features, length: int, seed: int = 2) -> Features:
+    """The same rows in a longer length bucket: garbage token states past the old length, same words."""
+    batch, old = features.sequence.shape[:2]
+    garbage = 10.0 * jax.random.normal(jax.random.key(seed), (batch, length - old, HIDDEN))
+    zeros = jnp.zeros((batch, length - old), features.attention_mask.dtype)
+    return features._replace(
+        sequence=jnp.concatenate([features.sequence, garbage], axis=1),
+        attention_mask=jnp.concatenate([features.attention_mask, zeros], axis=1),
+        segment_ids=jnp.concatenate([features.segment_ids, zeros], axis=1),
+    )
+
+
+@pytest.mark.parametrize("name", TAGGING_HEADS)
+def test_word_slots_past_the_length_bucket_change_nothing(name):
+    """Batches carry all `max_seq_length - 2` word slots whatever their length bucket; a tagging head
+    scores only the first `word_width` (at most the bucket). In training (dropout on), a short bucket's
+    loss equals that of the same rows in a bucket wide enough for every slot: trimming changes no number,
+    dropout masks included; the objective's predictions still cover every slot."""
+    graphdef, params = nnx.split(build(name))
+    params = perturbed(params)
+    slots = 3 * LENGTH
+    features = word_features()
+    features = features._replace(
+        word_starts=jnp.pad(features.word_starts, ((0, 0), (0, slots - features.word_starts.shape[1])))
+    )
+    untrimmed = with_padded_tokens(features, slots + 2)
+    assert (features.word_width, untrimmed.word_width) == (LENGTH, slots)
+    labels = jnp.pad(
+        iob2_tags(jax.random.key(5)), ((0, 0), (0, slots - max(map(len, WORD_PIECES)))), constant_values=-1
+    )
+    model = nnx.merge(graphdef, params)
+
+    def train_mode_loss(f: Features) -> jax.Array:
+        outputs = model(f, deterministic=False, rngs=nnx.Rngs(dropout=jax.random.key(3)))
+        return outputs, loss_per_example(outputs, f, labels)
+
+    trimmed_outputs, trimmed_loss = train_mode_loss(features)
+    untrimmed_outputs, untrimmed_loss = train_mode_loss(untrimmed)
+    scores = trimmed_outputs.logits if isinstance(trimmed_outputs, WordLogits) else trimmed_outputs.emissions
+    assert scores.shape[1] == LENGTH
+    np.testing.assert_allclose(trimmed_loss, untrimmed_loss, rtol=1e-6, atol=1e-6)
+    deterministic = loss_per_example(model(features, deterministic=True), features, labels)
+    assert not np.allclose(deterministic, trimmed_loss, rtol=1e-3)  # dropout was on
+    batch = {"num_words": features.num_words, "labels": labels}
+    predicted = objectives.word_tagging_predictions(trimmed_outputs, batch)["predictions"]
+    expected = objectives.word_tagging_predictions(untrimmed_outputs, batch)["predictions"]
+    assert predicted.shape == (len(WORD_PIECES), slots)
+    np.testing.assert_array_equal(predicted, expected)
 
 
 @pytest.mark.parametrize("name", ALL_HEADS)

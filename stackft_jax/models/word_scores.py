@@ -1,7 +1,9 @@
 """What tagging heads return: per-word scores that own their loss and decoding (objectives.WordScores).
 
-Both hold scores for a packed word sequence per row ([batch, max_words, num_tags]: the first sub-token
-states that `Features.word_states` gathers); positions at or past a row's `num_words` are padding.
+Both hold scores for a packed word sequence per row ([batch, width, num_tags]: the first sub-token
+states that `Features.word_states` gathers, `Features.word_width` of them); positions at or past a row's
+`num_words` are padding. `labels` may be wider (the dataset's `max_words` slots): the slots past `width`
+are padding in every row and are ignored.
 
   WordLogits     independent per-word scores (a softmax tagger): cross-entropy summed over the words,
                  argmax per word.
@@ -25,9 +27,10 @@ def _real_words(scores: jax.Array, num_words: jax.Array) -> jax.Array:
 
 @flax.struct.dataclass
 class WordLogits:
-    logits: jax.Array  # [batch, max_words, num_tags]
+    logits: jax.Array  # [batch, width, num_tags]
 
     def negative_log_likelihood(self, labels: jax.Array, num_words: jax.Array) -> jax.Array:
+        labels = labels[:, : self.logits.shape[1]]
         real = _real_words(self.logits, num_words)
         # Padding labels (-1) are replaced before indexing; their loss is masked out anyway.
         per_word = optax.softmax_cross_entropy_with_integer_labels(
@@ -42,10 +45,11 @@ class WordLogits:
 
 @flax.struct.dataclass
 class CrfWordScores:
-    emissions: jax.Array  # [batch, max_words, num_tags]
+    emissions: jax.Array  # [batch, width, num_tags]
     potentials: crf.Potentials  # the head's CRF.potentials(), constraints applied
 
     def negative_log_likelihood(self, labels: jax.Array, num_words: jax.Array) -> jax.Array:
+        labels = labels[:, : self.emissions.shape[1]]
         log_z = crf.log_partition(self.emissions, num_words, self.potentials)
         return log_z - crf.sequence_score(self.emissions, labels, num_words, self.potentials)
 

@@ -10,9 +10,11 @@ One module, four registered configurations (their names are part of the interfac
   crf         words -> dense(tags) -> linear-chain CRF, directly on the BERT word states.
 
 The words are `Features.word_states()`: packed left, so the BiLSTM and the CRF see contiguous words and
-never a sub-token or a padding label. Dense kernels use Kaiming (He) normal initialisation, as Wang et
-al. initialised their stacked networks. With `crf`, the outputs are `CrfWordScores` (sequence NLL,
-Viterbi); without, `WordLogits` (per-word cross-entropy, argmax): objectives.WORD_TAGGING takes both.
+never a sub-token or a padding label, and cut to the batch's `word_width` (at most its length bucket), so
+the BiLSTM and CRF scans run over about the real words, not all `max_seq_length - 2` slots. Dense kernels
+use Kaiming (He) normal initialisation, as Wang et al. initialised their stacked networks. With `crf`,
+the outputs are `CrfWordScores` (sequence NLL, Viterbi); without, `WordLogits` (per-word cross-entropy,
+argmax): objectives.WORD_TAGGING takes both.
 """
 
 from collections.abc import Sequence
@@ -103,18 +105,29 @@ class WordTaggerHead(nnx.Module):
             )
         return crf.CRF(num_outputs, constraints=crf.iob2_constraints(output_names), rngs=rngs)
 
+    def _dropout(self, x: jax.Array, slots: int, *, deterministic: bool, rngs: nnx.Rngs | None) -> jax.Array:
+        """Dropout on the trimmed words [batch, word_width, ...] with the mask drawn for all `slots`
+        word slots and cut back: which words drop depends on the seed and step, never on the batch's
+        length bucket, so trimming changes no number of an untrimmed run."""
+        if deterministic:
+            return x
+        width = x.shape[1]
+        padded = jnp.pad(x, ((0, 0), (0, slots - width), *((0, 0),) * (x.ndim - 2)))
+        return self.dropout(padded, deterministic=False, rngs=rngs)[:, :width]
+
     def __call__(
         self, features: Features, *, deterministic: bool, rngs: nnx.Rngs | None = None
     ) -> WordLogits | CrfWordScores:
         num_words = features.num_words
-        x = features.word_states().astype(self.dtype)
-        x = self.dropout(x, deterministic=deterministic, rngs=rngs)
+        slots = features.word_starts.shape[1]
+        x = features.word_states().astype(self.dtype)  # [batch, word_width, hidden]
+        x = self._dropout(x, slots, deterministic=deterministic, rngs=rngs)
         for lstm in self.lstms:
             x, _ = lstm(x, num_words)
-            x = self.dropout(x, deterministic=deterministic, rngs=rngs)
+            x = self._dropout(x, slots, deterministic=deterministic, rngs=rngs)
         if self.hidden is not None:
             x = jax.nn.relu(self.hidden(x))
-            x = self.dropout(x, deterministic=deterministic, rngs=rngs)
+            x = self._dropout(x, slots, deterministic=deterministic, rngs=rngs)
         scores = self.output(x).astype(jnp.float32)
         if self.crf is not None:
             return CrfWordScores(scores, self.crf.potentials())
