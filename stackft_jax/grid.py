@@ -184,11 +184,13 @@ def run_config(grid: ml_collections.ConfigDict, run: Run) -> ml_collections.Conf
 
 
 def share_feature_cache(config: ml_collections.ConfigDict, workdir: str | Path) -> None:
-    """Points each feature-cached phase without its own `feature_cache_dir` (`phase1.*`, or a written
-    phase's) at the grid's: cells and seeds with the same backbone and data then build the frozen
-    features once between them."""
+    """Points each phase without its own `feature_cache_dir` (`phase1.*`, or a written phase's) at the
+    grid's: cells and seeds with the same backbone and data then build the frozen features once between
+    them (the train features of a feature-cached phase; the dev and gap-subset features that every
+    frozen-backbone phase evaluates on, train.feature_caches). A phase that trains the backbone reads
+    no cache."""
     for block in [config.phase1, *config.phases]:
-        if block.feature_cache and not block.feature_cache_dir:
+        if not block.feature_cache_dir:
             block.feature_cache_dir = str(Path(workdir) / "feature_cache")
 
 

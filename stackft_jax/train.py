@@ -180,19 +180,32 @@ def build_model(config, task, model_dir: Path) -> tuple[TaskModel, bert.BertConf
     return model, bert_config
 
 
+def gap_examples(config: ml_collections.ConfigDict, phase: phases.Phase) -> int:
+    """How many train examples (the first ones) a frozen-backbone phase scores: the gap rule's, else the
+    boundary measurement's."""
+    return phase.gap_eval_examples or config.boundary_train_examples
+
+
 def feature_caches(ctx: Context, phase: phases.Phase, params) -> dict[str, feature_cache.FeatureCache]:
-    """The frozen backbone's train and dev features for `phase`, built once per workdir (a resumed
-    run reopens them), or once for every run sharing `phase.feature_cache_dir`; the train/dev gap
-    evaluation reads the train cache too."""
+    """The frozen backbone's features for `phase`: dev, and the train split's (every example with
+    `phase.feature_cache`, which the steps train on; else only the first `gap_examples`, which the
+    train/dev gap scores). Every evaluation of the phase reads them, so the backbone runs once per
+    split and phase, not at every evaluation. Built once per workdir (a resumed run reopens them), or
+    once for every run sharing `phase.feature_cache_dir`."""
     shared = phase.feature_cache_dir not in ("", "none")  # "none": the workdir, also in a grid
+    train = ctx.datasets["train"].arrays
+    if not phase.feature_cache:
+        limit = min(gap_examples(ctx.config, phase), ctx.datasets["train"].num_rows)
+        train = {key: value[:limit] for key, value in train.items()}
     caches = {}
-    for split in ("train", "dev"):
+    for split, arrays in (("train", train), ("dev", ctx.datasets["dev"].arrays)):
         # One folder per process: hosts sharing a filesystem must not replace each other's files
         # (a shared folder is content-addressed and never replaces one).
-        name = split if jax.process_count() == 1 else f"{split}.process{jax.process_index()}"
+        name = "train_subset" if split == "train" and not phase.feature_cache else split
+        name = name if jax.process_count() == 1 else f"{name}.process{jax.process_index()}"
         caches[split] = feature_cache.open_or_build(
             phase.feature_cache_dir if shared else ctx.workdir / "feature_cache" / phase.name / name,
-            ctx.datasets[split].arrays,
+            arrays,
             params,
             graphdef=ctx.graphdef,
             mesh=ctx.mesh,
@@ -373,7 +386,9 @@ def run_phase(
     started = time.time()
     # Built before the first step donates the state: its backbone is the phase's frozen one.
     with ctx.timer.phase("feature_cache"):  # built, or opened (shared by another run)
-        features = feature_caches(ctx, phase, state.params) if phase.feature_cache else {}
+        frozen_backbone = not phases.trains_backbone(phase, ctx.param_names)
+        features = feature_caches(ctx, phase, state.params) if frozen_backbone else {}
+    train_features = features["train"] if phase.feature_cache else None
     step, stop_reason = start_step, None
     eval_now = False  # whether the last step run was evaluated on dev
     uncounted = None  # the last dispatched step's loss, until the bar counts that step
@@ -392,12 +407,12 @@ def run_phase(
         global_batch_size=ctx.global_batch_size,
         seed=config.seed * 1000 + index,
         buckets=ctx.buckets,
-        with_index=bool(features),
+        with_index=train_features is not None,
     )
     while stop_reason is None and step < phase.num_steps:
         local = batching.process_slice(next(batches), jax.process_index(), jax.process_count())
-        if features:
-            local = features["train"].attach(local)
+        if train_features is not None:
+            local = train_features.attach(local)
         state, step_metrics = phase_step.train_step(state, sharding.put_batch(local, mesh))
         step += 1
         window.append(step_metrics)
@@ -523,7 +538,7 @@ def run_phase(
                 features=features,
                 dev=dev_evaluation if eval_now else None,
                 train=train_evaluation if eval_now and phase.gap_eval_examples else None,
-                train_examples=phase.gap_eval_examples or config.boundary_train_examples,
+                train_examples=gap_examples(config, phase),
             )
         ctx.report.eval(
             phase=phase.name,

@@ -20,6 +20,7 @@ from benchmarks import (
     finetune_collapse,
     flops,
     gemm,
+    grid_cost,
     grid_sharing,
     input_pipeline,
     memory,
@@ -286,6 +287,22 @@ def test_grid_sharing(tmp_path):
     assert len(shared["runs"]) == len(per_run["runs"]) == 2
     # The two cells of seed 0 read one train and one dev cache; alone, each run builds its own two.
     assert (shared["caches_built"], per_run["caches_built"]) == (2, 4)
+
+
+def test_grid_cost(tmp_path):
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    args = ["--quick", "--cases=conll_bilstm_crf", "--seeds=1"]
+    grid_cost.main([*args, f"--out={first}"])
+    payload = grid_cost.main([*args, f"--out={second}", f"--compare={first}"])
+    (run,) = _read(second)["results"]["runs"]
+    assert (
+        run["case"] == "conll_bilstm_crf"
+        and run["run"] == "strategy=stack_and_finetune-name=bilstm_crf-seed0"
+    )
+    assert run["phases"] == {"phase1": 4, "phase2": 2} and run["train_steps"] == 6
+    assert run["wall_s"] > 0 and run["seconds"]["train_steps"] > 0 and "f1" in run["dev"]
+    # The same code and seed twice: the comparison finds the same scores and predictions.
+    assert "| yes | yes |" in payload["table_markdown"]
 
 
 def test_finetune_collapse(tmp_path):

@@ -114,7 +114,22 @@ def test_a_grid_shares_one_feature_cache_between_its_cells(tmp_path):
     written = config_cli.load("configs/tiny.py:three_phases", [])
     written.phases[0].feature_cache, written.phases[2].feature_cache_dir = True, "/y"
     grid.share_feature_cache(written, tmp_path)
-    assert [b.feature_cache_dir for b in written.phases] == [str(tmp_path / "feature_cache"), "", "/y"]
+    # Every phase without its own folder: a frozen one caches its dev and gap-subset features too.
+    assert [b.feature_cache_dir for b in written.phases] == [str(tmp_path / "feature_cache")] * 2 + ["/y"]
+
+
+def test_frozen_phases_of_a_grid_share_their_dev_and_gap_subset_features(tmp_path):
+    g = _grid(
+        base="configs/tiny.py:strategy=stack_only,phase1.num_steps=4,phase1.gap_eval_examples=8,eval_every_steps=2",
+        axes="phase1.learning_rate=0.001|0.01",
+        num_seeds=1,
+        baseline="phase1.learning_rate=0.001",
+    )
+    assert grid.run_grid(g, tmp_path)
+    # Training runs the backbone (with dropout); every evaluation of both cells reads one dev and one
+    # gap-subset cache, built once for the grid.
+    assert len(list((tmp_path / "feature_cache").glob("*/meta.json"))) == 2
+    assert not list((tmp_path / "runs").glob("*/feature_cache"))
 
 
 def test_a_bundled_axis_value_sets_several_keys_and_is_named_by_its_label(tmp_path):
