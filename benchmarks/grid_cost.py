@@ -76,8 +76,16 @@ def case_run(case: str, seed: int, *, quick: bool) -> tuple[ml_collections.Confi
 
 
 def _predictions_hash(workdir: Path) -> str | None:
+    """A hash of each dev record's key, prediction and probabilities (other fields, such as names added
+    to the file's format, do not count)."""
     path = workdir / "predictions" / "dev.jsonl"
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else None
+    if not path.is_file():
+        return None
+    h = hashlib.sha256()
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        h.update(json.dumps([record["key"], record["prediction"], record.get("probabilities")]).encode())
+    return h.hexdigest()[:16]
 
 
 def measure(case: str, seed: int, grid_dir: Path, *, quick: bool, settings: list[str]) -> dict:
