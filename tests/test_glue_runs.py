@@ -65,6 +65,7 @@ def test_sst2_single_sentence_and_an_unlabelled_test_file(tmp_path):
     assert all(set(r) == {"key", "prediction", "probabilities"} for r in test)
 
 
+@pytest.mark.slow
 def test_stsb_regression_with_a_pair_head(tmp_path):
     _write_stsb(tmp_path / "stsb.tsv")
     config = _tiny_glue("stsb", tmp_path / "stsb.tsv", "esim")

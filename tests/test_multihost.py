@@ -85,6 +85,7 @@ def one_process(tmp_path_factory) -> Path:
     return workdir
 
 
+@pytest.mark.slow
 def test_two_processes_killed_mid_phase_resume_to_the_one_process_result(one_process, tmp_path):
     procs = _start_pair(tmp_path, kill_at={1: "phase1:3"})
     assert procs[1].wait(timeout=TIMEOUT_S) == -signal.SIGKILL
@@ -104,6 +105,7 @@ def test_two_processes_killed_mid_phase_resume_to_the_one_process_result(one_pro
     _assert_same_run(one_process, tmp_path)
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_process_saves_the_same_step_on_both(one_process, tmp_path):
     procs = _start_pair(tmp_path)
     deadline = time.time() + TIMEOUT_S
@@ -121,6 +123,7 @@ def test_sigterm_to_one_process_saves_the_same_step_on_both(one_process, tmp_pat
     _assert_same_run(one_process, tmp_path)
 
 
+@pytest.mark.slow
 def test_two_processes_build_one_shared_feature_cache_at_once(tmp_path):
     shared = tmp_path / "feature_cache"
     cached = (
