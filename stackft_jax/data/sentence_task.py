@@ -132,7 +132,8 @@ class SentenceTask(TaskSpec):
         if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(names):
             return value
         raise ValueError(
-            f"{where}: label {value!r} is not a class the model knows: {list(names)} (or ids 0-{len(names) - 1})"
+            f"{where}: label {value!r} is not a class the model knows: {list(names)} "
+            f"(or ids 0-{len(names) - 1})"
         )
 
     def example_from_line(self, line: str, *, index: int, where: str) -> Example:
