@@ -3,7 +3,7 @@
   python -m benchmarks.predict_speed --workdir=runs/demo          # its dev file
   python -m benchmarks.predict_speed --workdir=runs/demo --input=FILE --repeats=5
 
-Timed, after one warm-up call of each (compilation excluded from both):
+Timed, interleaved, after one warm-up call of each (compilation excluded from both):
   - dev evaluation: `Evaluator.evaluate` on the dev split already read and encoded, what the run's
     final scoring does (evaluation.py);
   - predict: `predict.read_input` + `Predictor.predict` (read, tokenize, evaluate, build the records),
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", required=True, help="a finished run")
     parser.add_argument("--input", default=None, help="the file to predict; default the run's data.dev_file")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", default="benchmarks/out/predict_speed.json")
     args = parser.parse_args(argv)
 
@@ -47,17 +47,19 @@ def main(argv: list[str] | None = None) -> dict:
         source.task.is_labelled(examples),
     )
 
-    def time_it(fn) -> list[float]:
-        fn()  # compiles every bucket the file needs
-        times = []
-        for _ in range(args.repeats):
+    def evaluate() -> None:
+        predictor.evaluator.evaluate(predictor.params, split, progress=False)
+
+    def predict_file() -> None:
+        predictor.predict(predict.read_input(source.task, path), progress=False)
+
+    evaluate(), predict_file()  # compiles every bucket the file needs
+    evaluate_s, predict_s = [], []
+    for _ in range(args.repeats):  # interleaved: a busy machine slows both alike
+        for fn, times in ((evaluate, evaluate_s), (predict_file, predict_s)):
             start = time.perf_counter()
             fn()
             times.append(time.perf_counter() - start)
-        return times
-
-    evaluate_s = time_it(lambda: predictor.evaluator.evaluate(predictor.params, split, progress=False))
-    predict_s = time_it(lambda: predictor.predict(predict.read_input(source.task, path), progress=False))
     n = len(examples)
     rows = {
         "dev evaluation (run's evaluator, encoded split)": statistics.median(evaluate_s),
