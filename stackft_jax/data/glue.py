@@ -20,7 +20,7 @@ import numpy as np
 from stackft_jax import objectives
 from stackft_jax.data.sentence_task import UNLABELED, Example, SentenceTask
 from stackft_jax.data.task_spec import example_key
-from stackft_jax.data.text_files import decoded_lines
+from stackft_jax.data.text_files import decoded_lines, first_line
 
 _STSB_SCORE_RANGE = (0.0, 5.0)
 
@@ -189,6 +189,29 @@ def read_sst2(path: str | Path, config_key: str) -> list[Example]:
     )
 
 
+def _first_fields(path: Path) -> list[str]:
+    line = first_line(path)
+    return [] if line is None else line.rstrip("\r\n").split("\t")
+
+
+def _sniff_header(*columns: str) -> Callable[[Path], str | None]:
+    """A `SentenceTask.sniffer`: the GLUE layout whose header holds `columns`."""
+
+    def sniff(path: Path) -> str | None:
+        return "GLUE TSV with header" if set(columns) <= set(_first_fields(path)) else None
+
+    return sniff
+
+
+def sniff_qqp(path: Path) -> str | None:
+    first = _first_fields(path)
+    if {"question1", "question2"} <= set(first):
+        return "GLUE/Quora TSV with header"
+    if len(first) == 4 and first[0] in ("0", "1"):
+        return "BiMPM TSV"
+    return None
+
+
 def examples_from_hf(
     rows: Mapping[str, Any], *, columns: tuple[str, str | None], label_type: type
 ) -> list[Example]:
@@ -210,6 +233,8 @@ def _glue_task(
     reader: Callable[..., list[Example]],
     columns: tuple[str, str | None],
     metrics: tuple[str, ...],
+    sniffer: Callable[[Path], str | None],
+    class_names: tuple[str, ...] = (),
     regression: bool = False,
 ) -> SentenceTask:
     """A task of the `nyu-mll/glue` dataset: two classes, or a score; `columns` are its hub columns."""
@@ -224,16 +249,41 @@ def _glue_task(
         reader=reader,
         hf_dataset=("nyu-mll/glue", name),
         examples_from_hf=functools.partial(examples_from_hf, columns=columns, label_type=label_type),
+        sniffer=sniffer,
+        class_names=class_names,
     )
 
 
-QQP = _glue_task("qqp", reader=read_qqp, columns=("question1", "question2"), metrics=("accuracy", "f1"))
-MRPC = _glue_task("mrpc", reader=read_mrpc, columns=("sentence1", "sentence2"), metrics=("accuracy", "f1"))
+# Class names as the Hugging Face GLUE dataset names them.
+QQP = _glue_task(
+    "qqp",
+    reader=read_qqp,
+    columns=("question1", "question2"),
+    metrics=("accuracy", "f1"),
+    sniffer=sniff_qqp,
+    class_names=("not_duplicate", "duplicate"),
+)
+MRPC = _glue_task(
+    "mrpc",
+    reader=read_mrpc,
+    columns=("sentence1", "sentence2"),
+    metrics=("accuracy", "f1"),
+    sniffer=_sniff_header("#1 String", "#2 String"),
+    class_names=("not_equivalent", "equivalent"),
+)
 STSB = _glue_task(
     "stsb",
     reader=read_stsb,
     columns=("sentence1", "sentence2"),
     regression=True,
     metrics=("pearson", "spearman"),
+    sniffer=_sniff_header("sentence1", "sentence2"),
 )
-SST2 = _glue_task("sst2", reader=read_sst2, columns=("sentence", None), metrics=("accuracy",))
+SST2 = _glue_task(
+    "sst2",
+    reader=read_sst2,
+    columns=("sentence", None),
+    metrics=("accuracy",),
+    sniffer=_sniff_header("sentence"),
+    class_names=("negative", "positive"),
+)

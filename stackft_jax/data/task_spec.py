@@ -102,6 +102,25 @@ class TaskSpec(abc.ABC):
     def prediction_records(self, split: "Split", rows: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
         """One JSON-ready record per example, in file order, with its `key` (predictions.py)."""
 
+    # Reading inputs to predict (predict.py): the task's own files, or one example per line.
+
+    @abc.abstractmethod
+    def input_layout(self, path: Path) -> str | None:
+        """The name of the task's own file layout `path` is in, told by its first record (say "GLUE
+        TSV with header"), or None: not a file of this task (predict then reads it line by line, and
+        refuses it if another task's `input_layout` claims it)."""
+
+    def read_input_file(self, path: Path) -> list[Any]:
+        """The examples of a file in one of the task's own layouts, labelled or not, every one of them
+        in file order (a label the model does not know is an error at its line, never dropped)."""
+        return self.read_file(path, config_key="--input")
+
+    @abc.abstractmethod
+    def example_from_line(self, line: str, *, index: int, where: str) -> Any:
+        """One example from one line of a line-per-example input: a JSON object of the task's fields
+        (labels optional), or the task's plain text form. `index`: the example's position in the input
+        from 0; `where`: `file:line` for errors and keys."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Split:

@@ -145,8 +145,29 @@ def _select(examples: list[tuple[str, str, str]], topics: Sequence[str], source:
     return kept
 
 
-def read_yahoo(path: str | Path, *, config_key: str, topics: Sequence[str] = TOPICS) -> list[Example]:
-    """A local file in either layout (module docstring), its examples of `topics`."""
+def sniff_yahoo(path: Path) -> str | None:
+    """The layout of a file whose first record is a Yahoo Answers one (a known topic or class), else None."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        first = next(_records(path, "--input"), None)
+    except ValueError:  # not CSV (an unbalanced quote in plain text, say); bad bytes are told later
+        return None
+    if first is None:
+        return None
+    fields = first[1]
+    if len(fields) == 2 and fields[1].strip() in _BY_SNAKE_NAME:
+        return "text,topic"
+    if len(fields) == 4 and fields[0].strip() in {str(i) for i in range(1, len(TOPICS) + 1)}:
+        return "class,title,content,answer"
+    return None
+
+
+def read_yahoo(
+    path: str | Path, *, config_key: str, topics: Sequence[str] = TOPICS, strict: bool = False
+) -> list[Example]:
+    """A local file in either layout (module docstring), its examples of `topics`; `strict`: an example
+    of another topic is an error at its line instead of being dropped."""
     path = Path(path)
     records = _records(path, config_key)
     first = next(records, None)
@@ -165,6 +186,11 @@ def read_yahoo(path: str | Path, *, config_key: str, topics: Sequence[str] = TOP
             text, topic = _text(fields[0]), _named_topic(fields[1], where)
         else:
             text, topic = _text(*fields[1:]), _release_topic(fields[0], where)
+        if strict and topic not in topics:
+            raise ValueError(
+                f"{where}: topic {snake_name(topic)!r} is not a class the model knows: "
+                f"{[snake_name(t) for t in topics]}"
+            )
         examples.append((example_key(f"line{line}", text), text, topic))
     return _select(examples, topics, str(path))
 
@@ -211,6 +237,18 @@ class YahooTask(SentenceTask):
     def output_names(self) -> tuple[str, ...]:
         return self.topics
 
+    def read_input_file(self, path: Path) -> list[Example]:
+        return read_yahoo(path, config_key="--input", topics=self.topics, strict=True)
+
+    def clean_text(self, text: str) -> str:
+        return _text(text)
+
+    def parse_label(self, value: Any, where: str) -> int | float:
+        """A topic as in TOPICS or snake_case (`science_mathematics`), or its label id."""
+        if isinstance(value, str) and _BY_SNAKE_NAME.get(snake_name(value)) in self.topics:
+            return self.topics.index(_BY_SNAKE_NAME[snake_name(value)])
+        return super().parse_label(value, where)
+
     def encoding_options(self, data_config: Mapping[str, Any]) -> dict[str, Any]:
         return {"truncation": data_config["truncation"]}
 
@@ -244,4 +282,5 @@ YAHOO_ANSWERS = YahooTask(
     reader=read_yahoo,
     hf_dataset=("yahoo_answers_topics",),
     examples_from_hf=examples_from_hf,
+    sniffer=sniff_yahoo,
 )

@@ -729,6 +729,51 @@ def convert_hf_weights(tensors: Mapping[str, np.ndarray], config: BertConfig) ->
     return params, LoadReport(missing=missing, unexpected=sorted(unexpected), ignored=sorted(ignored))
 
 
+def to_hf_weights(params: Mapping[str, Any], config: BertConfig) -> dict[str, np.ndarray]:
+    """`BertModel` parameters -> the float32 tensors of transformers' bare model of `config.model_type`
+    (AutoModel: BertModel, RobertaModel, ..., DistilBertModel), by their state_dict names: the inverse
+    of `convert_hf_weights`."""
+    family = config.family
+    own_module = {bert_name: own for own, bert_name in family.layer_modules.items()}
+    tensors: dict[str, np.ndarray] = {}
+
+    def put(name: str, value: Any, transpose: bool = False) -> None:
+        array = np.asarray(value, dtype=np.float32)
+        tensors[name] = np.ascontiguousarray(array.T if transpose else array)
+
+    def put_linear(name: str, node: Mapping[str, Any]) -> None:
+        put(f"{name}.weight", node["kernel"], transpose=True)
+        put(f"{name}.bias", node["bias"])
+
+    def put_layer_norm(name: str, node: Mapping[str, Any]) -> None:
+        put(f"{name}.weight", node["scale"])
+        put(f"{name}.bias", node["bias"])
+
+    embeddings = params["embeddings"]
+    for module in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+        if module in embeddings:
+            put(f"embeddings.{module}.weight", embeddings[module]["embedding"])
+    put_layer_norm("embeddings.LayerNorm", embeddings["layer_norm"])
+    if "projection" in embeddings:
+        put_linear("embeddings_project", embeddings["projection"])
+    for i in range(config.num_hidden_layers):
+        layer = params["layers"][i] if i in params["layers"] else params["layers"][str(i)]
+
+        def name(module: str, i: int = i) -> str:
+            return f"{family.layer_prefix}{i}.{own_module.get(module, module)}"
+
+        for module, path in _LINEAR_SUFFIXES.items():
+            node = layer
+            for key in path:
+                node = node[key]
+            put_linear(name(module), node)
+        for module, own in _LAYER_NORM_SUFFIXES.items():
+            put_layer_norm(name(module), layer[own])
+    if params.get("pooler") is not None:
+        put_linear("pooler.dense", params["pooler"])
+    return tensors
+
+
 def load_pretrained_weights(model: BertModel, model_dir: Path, *, allow_pickle: bool = False) -> LoadReport:
     """Copies a Hugging Face checkpoint into `model`; only a missing pooler may keep its random init."""
     tensors = load_hf_weights(model_dir, allow_pickle=allow_pickle)
