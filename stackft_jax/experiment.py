@@ -45,18 +45,21 @@ import sys
 
 from absl import app, flags
 
-from stackft_jax import config_cli
-from stackft_jax.grid import parse_shard, run_grid
+from stackft_jax import cli_errors, config_cli
+from stackft_jax.grid import parse_shard, plan_grid, run_grid
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("config", None, "grid config file, FILE.py[:presets,key=value,...]")
 flags.DEFINE_string("workdir", None, "the grid's directory: runs/ and the report")
 flags.DEFINE_string("shard", "0/1", "run only the cell-seeds at positions i mod N")
 flags.DEFINE_bool("report_only", False, "write the report of the finished runs, train nothing")
+flags.DEFINE_bool(
+    "allow_config_change",
+    False,
+    "Go on with a grid workdir although its recorded grid config differs (the new one is recorded, "
+    "the old one kept in grid_config_history.jsonl); its runs may then change config too.",
+)
 
-
-# A bad grid or cell config (named by key and run), a missing file or unfinished run (named by path).
-EXPLAINED_ERRORS = (config_cli.ConfigError, FileNotFoundError)
 _OVERRIDES: list[str] = []  # the `--config.KEY=VALUE` items, taken out of argv before absl parses it
 
 
@@ -65,29 +68,27 @@ def _parse_flags(argv: list[str]) -> list[str]:
         _OVERRIDES[:], rest = config_cli.split_override_flags(argv)
     except config_cli.ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(cli_errors.EXIT_USAGE)
     return app.parse_flags_with_usage(rest)
 
 
+@cli_errors.guarded  # a user's mistake: one line and its exit status (cli_errors.py)
 def main(argv: list[str]) -> None:
-    from stackft_jax import experiment_report
+    from stackft_jax import experiment_report, logs
 
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from stackft_jax import workdirs
-
-    try:
-        grid = config_cli.load(FLAGS.config, _OVERRIDES)
-        shard = parse_shard(FLAGS.shard)
-        done = FLAGS.report_only or run_grid(grid, FLAGS.workdir, shard=shard)
-        if done:  # --report_only over an unfinished grid names the missing run
-            print(f"report: {experiment_report.write_report(grid, FLAGS.workdir)}")
-    except EXPLAINED_ERRORS + (workdirs.ConfigMismatch, workdirs.WorkdirInUse) as error:
-        # Problems the message fully explains (every cell's config is checked before any trains).
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+    logs.setup()
+    grid = config_cli.load(FLAGS.config, _OVERRIDES, kind="grid")
+    shard = parse_shard(FLAGS.shard)
+    # Every cell, metric and value checked, and the workdir bound to this grid, before any run trains.
+    plan = plan_grid(grid, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
+    done = FLAGS.report_only or run_grid(plan, shard=shard)
     if not done:
         print(f"shard {FLAGS.shard} finished; the report is written once every shard has")
+        return
+    # --report_only over an unfinished grid names the missing run
+    print(f"report: {experiment_report.write_report(grid, FLAGS.workdir)}")
 
 
 if __name__ == "__main__":
