@@ -123,7 +123,9 @@ def check_out(out: str | Path, workdirs: Sequence[str | Path]) -> None:
         what = (
             "another ensemble's output"
             if "ensemble" in earlier
-            else "a run's results" if "config" in earlier else f"{len(entries)} entries"
+            else "a run's results"
+            if "config" in earlier
+            else f"{len(entries)} entries"
         )
         raise EnsembleError(
             f"--out={out} exists and holds {what}, which this ensemble did not write; choose a new "

@@ -1,9 +1,9 @@
 """When a run must stop early and save: SIGTERM (TPU preemption, `kill`, a scheduler), Ctrl-C and test kills.
 
 One process: a SIGTERM handler sets a flag that the step loop reads after each step. Ctrl-C (SIGINT)
-sets the same flag while the step loop runs (`sigint_saves`), so it saves like SIGTERM; a second Ctrl-C,
-or one outside the loop, interrupts at once (cli_errors.py: exit 130, resume from the last checkpoint). Several processes:
-they must all save the same step, so the decision comes from JAX's preemption service
+sets the same flag while a phase trains (`sigint_saves`), so it saves like SIGTERM; a second Ctrl-C, or
+one outside a phase, interrupts at once (cli_errors.py: exit 130, resume from the last checkpoint).
+Several processes: they must all save the same step, so the decision comes from JAX's preemption service
 (`multihost_utils.reached_preemption_sync_point`), which turns a SIGTERM on any host into one agreed step
 on every host.
 """

@@ -185,7 +185,9 @@ def set_aside_progress(workdir: Path, reason: str) -> Path | None:
     target.mkdir(parents=True, exist_ok=True)
     for path in moving:
         os.replace(path, target / path.name)
-    log.warning("%s: %s; the earlier run's progress is moved to %s and this one starts over", workdir, reason, target)
+    log.warning(
+        "%s: %s; the earlier run's progress is moved to %s and this one starts over", workdir, reason, target
+    )
     return target
 
 

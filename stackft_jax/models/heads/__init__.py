@@ -16,8 +16,6 @@ import ml_collections
 from flax import nnx
 
 from stackft_jax.config_cli import ConfigError
-from stackft_jax.objectives import WORD_TAGGING, Objective
-
 from stackft_jax.models.heads import (
     bimpm,
     cls_mlp,
@@ -28,6 +26,7 @@ from stackft_jax.models.heads import (
     sim_transformer,
     tagger,
 )
+from stackft_jax.objectives import WORD_TAGGING, Objective
 
 # name -> (function returning the head's default config block, head class)
 HEADS = {
