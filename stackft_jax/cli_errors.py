@@ -79,6 +79,12 @@ def message_of(error: BaseException) -> str:
 T = TypeVar("T")
 
 
+def _flush_logs() -> None:
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+
+
 def guarded(main: Callable[..., T]) -> Callable[..., T]:
     """`main` with the boundary around it: a user's mistake prints `error: <message>` (one line per
     line of the message, no traceback) and exits with its status; a bug prints its traceback, says it
@@ -91,12 +97,12 @@ def guarded(main: Callable[..., T]) -> Callable[..., T]:
         except SystemExit as stop:
             # A run stopped on a signal after saving: its message, and the status the signal means.
             if isinstance(stop.code, str) and hasattr(stop, "exit_code"):
-                logging.shutdown()
+                _flush_logs()
                 print(stop.code, file=sys.stderr)
                 sys.exit(stop.exit_code)
             raise
         except BaseException as error:  # noqa: BLE001 - the boundary: classified below
-            logging.shutdown()  # flush what was logged before the message, so it comes last
+            _flush_logs()  # what was logged before the message comes before it
             code = exit_code_of(error)
             if code is None:
                 traceback.print_exc()

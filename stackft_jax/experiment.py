@@ -34,6 +34,13 @@ seed, so a grid cut short still has comparable cells. `--shard=i/N` runs the cel
 in that order is i mod N: N machines over one shared workdir (or merged later) split a grid; the report
 is written by whichever finds every run finished.
 
+A grid workdir belongs to its grid config as a run workdir to its run config: WORKDIR/grid_config.json
+records it, and a rerun with another (another base, axes, seeds, metric, ...) is refused before any
+work, naming the differing keys; `--allow_config_change` goes on with the new one on purpose (runs whose
+cell config changed then resume under the new values; the ensembles are rebuilt). Every cell, the
+metric, the baseline, the ensembles and the seed count are checked before the first cell trains; an axis
+over `seed` is refused (the grid sets it).
+
 Runs with `phase1.feature_cache=True` and no `phase1.feature_cache_dir` of their own share
 WORKDIR/feature_cache: the frozen backbone's features are built once for all cells and seeds with the
 same backbone and data (pretrained weights; a random init differs per seed), so later stack-only and
@@ -82,8 +89,12 @@ def main(argv: list[str]) -> None:
     grid = config_cli.load(FLAGS.config, _OVERRIDES, kind="grid")
     shard = parse_shard(FLAGS.shard)
     # Every cell, metric and value checked, and the workdir bound to this grid, before any run trains.
-    plan = plan_grid(grid, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
-    done = FLAGS.report_only or run_grid(plan, shard=shard)
+    allow = FLAGS.allow_config_change
+    if FLAGS.report_only:
+        plan_grid(grid, FLAGS.workdir, allow_config_change=allow)
+        done = True
+    else:
+        done = run_grid(grid, FLAGS.workdir, shard=shard, allow_config_change=allow)
     if not done:
         print(f"shard {FLAGS.shard} finished; the report is written once every shard has")
         return

@@ -168,7 +168,18 @@ def read_yahoo(path: str | Path, *, config_key: str, topics: Sequence[str] = TOP
         else:
             text, topic = _text(*fields[1:]), _release_topic(fields[0], where)
         examples.append((example_key(f"line{line}", text), text, topic))
-    return _select(examples, topics, str(path))
+    kept = _select(examples, topics, str(path))
+    # A topic the training file lacks would train a classifier that never predicts it (one topic left:
+    # accuracy 1.0); a dev or test file may lack one, not all.
+    present = {topics[e.label] for e in kept}
+    absent = [snake_name(t) for t in topics if t not in present]
+    if absent and (config_key == "data.train_file" or not kept):
+        found = sorted({snake_name(topic) for _, _, topic in examples})
+        raise DataError(
+            f"config.data.classes: topic(s) {absent} have no example in {config_key} = {str(path)!r} "
+            f"(its topics: {found}); choose data.classes among those"
+        )
+    return kept
 
 
 def examples_from_hf(rows: Mapping[str, Any], *, topics: Sequence[str] = TOPICS) -> list[Example]:
