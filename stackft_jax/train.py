@@ -514,6 +514,7 @@ def run_phase(
         if stop_now:
             checkpoints.close()
             best_checkpoint.close()
+            progress.close()  # before the message, so that it is the last line
             raise preemption.stopped(f"{phase.name} step {step}")
         if preemption.kill_requested(phase.name, step):
             os.kill(os.getpid(), signal.SIGKILL)

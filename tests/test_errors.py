@@ -129,7 +129,8 @@ def _yahoo_file(path: Path, topics: list[str]) -> Path:
 def test_yahoo_classes_absent_from_the_files_are_named(tmp_path):
     train_file = _yahoo_file(tmp_path / "train.csv", ["society_culture", "science_mathematics"])
     dev_file = _yahoo_file(tmp_path / "dev.csv", ["society_culture", "science_mathematics"])
-    base = f"configs/yahoo.py:model.name_or_path=embedded:minilm,data.train_file={train_file},data.dev_file={dev_file}"
+    files = f"data.train_file={train_file},data.dev_file={dev_file}"
+    base = f"configs/yahoo.py:model.name_or_path=embedded:minilm,{files}"
     one_absent = config_cli.load(f"{base},data.classes=society_culture+sports")
     with pytest.raises(
         cli_errors.DataError, match=r"topic\(s\) \['sports'\] have no example in data.train_file"
@@ -294,3 +295,46 @@ def test_ctrl_c_saves_and_says_how_to_resume(uninterrupted, tmp_path, run_cli):
     proc = run_cli(tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _assert_same_run(uninterrupted, tmp_path)
+
+
+# --- output --------------------------------------------------------------------------------------
+
+
+def test_only_abandoned_checkpoint_reads_are_dropped_from_the_output(monkeypatch):
+    """An unreadable checkpoint's other reads fail after orbax gave up on them: their coroutines' errors
+    and tensorstore's callbacks into the closed loop (~230 tracebacks for MiniLM) are dropped; any other
+    unraisable exception still reaches the hook before."""
+    import asyncio
+    import types
+
+    from stackft_jax import logs
+
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    logs._install_orphan_filters()
+
+    namespace = {}
+    exec(
+        compile("async def _read_array_index_and_device_put(): pass", "/x/orbax/checkpoint/s.py", "exec"),
+        namespace,
+    )
+    orbax_read = namespace["_read_array_index_and_device_put"]()
+    loop = asyncio.new_event_loop()
+    loop.close()
+    try:
+        loop.call_soon_threadsafe(print)
+    except RuntimeError as error:
+        closed = error
+    args = types.SimpleNamespace
+    sys.unraisablehook(
+        args(exc_type=Exception, exc_value=Exception("read"), exc_traceback=None, object=orbax_read)
+    )
+    sys.unraisablehook(
+        args(exc_type=RuntimeError, exc_value=closed, exc_traceback=closed.__traceback__, object=None)
+    )
+    own = args(
+        exc_type=RuntimeError, exc_value=RuntimeError("Event loop is closed"), exc_traceback=None, object=None
+    )
+    sys.unraisablehook(own)
+    assert seen == [own]
+    orbax_read.close()
