@@ -51,14 +51,16 @@ class DataError(UserError, ValueError):
 
 def exit_code_of(error: BaseException) -> int | None:
     """The exit status of a user's mistake, or None for a bug."""
-    from stackft_jax import checkpointing  # the boundary runs after the command imported these
+    from absl import app
 
     if isinstance(error, UserError):
         return error.exit_code
+    if isinstance(error, app.UsageError):  # a missing or unexpected flag
+        return EXIT_USAGE
     if isinstance(error, KeyboardInterrupt):
         return EXIT_INTERRUPTED
-    # Library stops whose message is complete: a lost file, a non-finite loss, a changed frozen part.
-    if isinstance(error, FileNotFoundError | FloatingPointError | checkpointing.FrozenParametersChanged):
+    # Stops whose message is complete: a lost file, a non-finite loss (train.py names step and checkpoint).
+    if isinstance(error, FileNotFoundError | FloatingPointError):
         return EXIT_DATA
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
         return EXIT_DATA
@@ -66,6 +68,10 @@ def exit_code_of(error: BaseException) -> int | None:
 
 
 def message_of(error: BaseException) -> str:
+    from absl import app
+
+    if isinstance(error, app.UsageError):
+        return f"{error} (--help lists the flags)"
     if isinstance(error, KeyboardInterrupt):
         return f"interrupted (Ctrl-C); {RESUME_HINT}"
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):

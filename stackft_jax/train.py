@@ -90,7 +90,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     for split in SPLITS:
         path = config.data[f"{split}_file"]
         if path and not Path(path).exists():
-            raise config_cli.ConfigError(f"config.data.{split}_file: no such file: {path}")
+            raise FileNotFoundError(f"config.data.{split}_file: no such file: {path}")
     model_dir = Path(config.model.name_or_path).expanduser()
     if (model_dir / "config.json").is_file():  # a hub id's is read once it is downloaded
         bert.BertConfig.from_pretrained(model_dir)  # an unsupported model_type, named with its file

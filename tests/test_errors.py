@@ -70,6 +70,11 @@ def test_a_bug_prints_its_traceback_and_says_so(capsys):
     assert err.strip().splitlines()[-1].startswith("error: a bug in stackft_jax (ZeroDivisionError")
 
 
+def test_a_missing_flag_is_one_line_with_status_2(tmp_path):
+    line = _one_error_line(_cli("stackft_jax.main", f"--workdir={tmp_path}"), 2)
+    assert line == "error: --config=FILE.py is required (--help lists the flags)"
+
+
 # --- config keys ---------------------------------------------------------------------------------
 
 
