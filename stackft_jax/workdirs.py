@@ -152,8 +152,8 @@ def bind_config(
             )
             raise ConfigMismatch(
                 f"{workdir} belongs to {binding.what} with another config; rerunning into it would mix "
-                f"the two's checkpoints and results. Keys that differ:\n{listed}\n"
-                "Use a new --workdir for the new config, or pass --allow_config_change (train.run: "
+                f"the old and new results. Keys that differ:\n{listed}\n"
+                "Use a new --workdir for the new config, or pass --allow_config_change (in Python: "
                 "allow_config_change=True) to continue with the new values on purpose."
             )
         if not allow_change:
