@@ -18,6 +18,8 @@ Exit statuses (README, Troubleshooting):
 import errno
 import functools
 import logging
+import os
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -62,8 +64,25 @@ def exit_code_of(error: BaseException) -> int | None:
     # Stops whose message is complete: a lost file, a non-finite loss (train.py names step and checkpoint).
     if isinstance(error, FileNotFoundError | FloatingPointError):
         return EXIT_DATA
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+    if _disk_full(error) is not None:
         return EXIT_DATA
+    return None
+
+
+_NO_SPACE = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))  # "No space left on device", ...
+
+
+def _disk_full(error: BaseException) -> str | None:
+    """The file a full disk refused, "" when unnamed; None when `error` is no full disk. Python raises
+    OSError(ENOSPC); orbax's tensorstore writes raise ValueError("RESOURCE_EXHAUSTED: ... Failed
+    writing: "FILE" ... No space left on device")."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return str(error.filename or "")
+        if any(text in str(error) for text in _NO_SPACE):
+            written = re.search(r'Failed writing: "([^"]+)"', str(error))
+            return written[1] if written else ""
+        error = error.__cause__ or error.__context__
     return None
 
 
@@ -74,8 +93,9 @@ def message_of(error: BaseException) -> str:
         return f"{error} (--help lists the flags)"
     if isinstance(error, KeyboardInterrupt):
         return f"interrupted (Ctrl-C); {RESUME_HINT}"
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-        where = f" writing {error.filename}" if error.filename else ""
+    full = _disk_full(error)
+    if full is not None:
+        where = f" writing {full}" if full else ""
         return f"the disk is full{where}; free space, then {RESUME_HINT}"
     if isinstance(error, FileNotFoundError) and error.filename:  # raised by the OS, not by a check
         return f"no such file or folder: {error.filename}"

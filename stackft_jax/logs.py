@@ -6,7 +6,9 @@
   of it running: each then fails into a closed event loop, and Python prints the orphan's traceback
   ("Exception ignored in: <coroutine ... _read_array_index_and_device_put>", "RuntimeError: Event loop
   is closed" from call_soon_threadsafe): some 230 tracebacks and 8,000 lines for MiniLM-L6. Exactly
-  those are dropped (counted at DEBUG); every other exception prints as before.
+  those are dropped (counted at DEBUG); every other exception prints as before;
+- orbax's ERROR log of a failed background write (with its traceback) duplicates the exception it
+  raises again in the main thread (a full disk: cli_errors.py's one line): dropped.
 """
 
 import logging
@@ -51,8 +53,16 @@ def _install_orphan_filters() -> None:
     sys.unraisablehook = unraisablehook
 
 
+def _not_a_relayed_orbax_error(record: logging.LogRecord) -> bool:
+    """Orbax logs a background write's exception, traceback and all, and raises it again in the thread
+    that waits for the write, where the command's boundary reports it: the log is a duplicate."""
+    return not ("orbax" in record.pathname and "raised an exception" in record.getMessage())
+
+
 def setup() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     for name in _QUIET_TO_WARNING:
         logging.getLogger(name).setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_not_a_relayed_orbax_error)
     _install_orphan_filters()

@@ -63,6 +63,20 @@ def test_boundary_maps_mistakes_to_documented_statuses(capsys):
     ]
 
 
+def test_a_full_disk_under_orbax_is_one_line(capsys):
+    # What tensorstore raises when a checkpoint write meets a full disk (as measured on a 3 MB tmpfs).
+    full = ValueError(
+        'RESOURCE_EXHAUSTED: Error writing "head/bias" in OCDBT database at local file "/w/ckpt/": Failed '
+        'writing: "/w/ckpt/d/4a65": Failed to write 358175 bytes to file 18: No space left on device '
+        "[os_error_code='28']"
+    )
+    code, err = _exit_of(full, capsys)
+    assert code == 1
+    assert (
+        err == f"error: the disk is full writing /w/ckpt/d/4a65; free space, then {cli_errors.RESUME_HINT}\n"
+    )
+
+
 def test_a_bug_prints_its_traceback_and_says_so(capsys):
     code, err = _exit_of(ZeroDivisionError("division by zero"), capsys)
     assert code == cli_errors.EXIT_BUG
