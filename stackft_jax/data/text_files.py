@@ -5,6 +5,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from stackft_jax.cli_errors import DataError
+
 
 def decoded_lines(path: Path) -> Iterator[str]:
     """The file's lines as text (line endings kept), decoded one by one so that bad bytes are reported
@@ -14,7 +16,7 @@ def decoded_lines(path: Path) -> Iterator[str]:
             try:
                 yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as e:
-                raise ValueError(
+                raise DataError(
                     f"{path}:{number}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}); "
                     "convert the file to UTF-8"
                 ) from None
