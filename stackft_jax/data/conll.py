@@ -226,10 +226,10 @@ class ConllTask(TaskSpec):
             return Sentence(tuple(line.split()), None, NO_DOCUMENT, index)
         words, tags = record.get("words"), record.get("tags")
         if not isinstance(words, list) or not words or not all(isinstance(w, str) and w for w in words):
-            raise ValueError(f'{where}: expected a JSON object {{"words": [...], "tags": [...]}} with words')
+            raise DataError(f'{where}: expected a JSON object {{"words": [...], "tags": [...]}} with words')
         if tags is not None:
             if not isinstance(tags, list) or len(tags) != len(words):
-                raise ValueError(f"{where}: {len(words)} words need as many tags, got {tags!r}")
+                raise DataError(f"{where}: {len(words)} words need as many tags, got {tags!r}")
             tags = check_tags(tags, self.tags, where)
         return Sentence(tuple(words), tags, NO_DOCUMENT, index)
 

@@ -30,9 +30,9 @@ def json_object(line: str, where: str) -> dict[str, Any] | None:
     try:
         value = json.loads(line)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not a JSON object ({e.msg} at column {e.colno})") from None
+        raise DataError(f"{where}: not a JSON object ({e.msg} at column {e.colno})") from None
     if not isinstance(value, dict):
-        raise ValueError(f"{where}: not a JSON object")
+        raise DataError(f"{where}: not a JSON object")
     return value
 
 

@@ -189,7 +189,7 @@ def read_yahoo(
         else:
             text, topic = _text(*fields[1:]), _release_topic(fields[0], where)
         if strict and topic not in topics:
-            raise ValueError(
+            raise DataError(
                 f"{where}: topic {snake_name(topic)!r} is not a class the model knows: "
                 f"{[snake_name(t) for t in topics]}"
             )
