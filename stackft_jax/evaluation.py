@@ -36,9 +36,16 @@ class Evaluator:
     buckets: tuple[int, ...]
 
     def evaluate(
-        self, params: Any, split: Split, *, limit: int | None = None, features: FeatureCache | None = None
+        self,
+        params: Any,
+        split: Split,
+        *,
+        limit: int | None = None,
+        features: FeatureCache | None = None,
+        progress: bool = True,
     ) -> Evaluation:
-        """`split` (its first `limit` rows), from its cached backbone features when `features` is given."""
+        """`split` (its first `limit` rows), from its cached backbone features when `features` is given;
+        `progress`: a progress bar (process 0)."""
         num_rows = split.num_rows if limit is None else min(limit, split.num_rows)
         rows: dict[str, np.ndarray] = {}
         loss_sum, count = 0.0, 0.0
@@ -49,7 +56,7 @@ class Evaluator:
             unit="batch",
             leave=False,
             dynamic_ncols=True,
-            disable=jax.process_index() != 0,
+            disable=not progress or jax.process_index() != 0,
         )
         for batch in batching.eval_batches(
             split.arrays, global_batch_size=self.global_batch_size, buckets=self.buckets, limit=limit

@@ -55,9 +55,7 @@ def trainable_mask(labels: Params) -> Params:
     return jax.tree.map(lambda group: group != FROZEN, labels)
 
 
-def learning_rate_schedule(
-    peak: float, *, num_steps: int, warmup_steps: int, shape: str
-) -> optax.Schedule:
+def learning_rate_schedule(peak: float, *, num_steps: int, warmup_steps: int, shape: str) -> optax.Schedule:
     """`constant`, `warmup_linear` (BERT: linear warm-up, then linear decay to 0) or `slanted_triangular`
     (Howard & Ruder 2018: the same shape, but decaying to peak/32 instead of 0)."""
     warmup_steps = min(warmup_steps, num_steps)
@@ -77,9 +75,7 @@ def learning_rate_schedule(
             ],
             [warmup_steps],
         )
-    raise ValueError(
-        f"unknown schedule {shape!r}: choose constant, warmup_linear or slanted_triangular"
-    )
+    raise ValueError(f"unknown schedule {shape!r}: choose constant, warmup_linear or slanted_triangular")
 
 
 def build_optimizer(
@@ -102,12 +98,8 @@ def build_optimizer(
     decay = weight_decay_mask(params)
     transforms: dict[str, optax.GradientTransformation] = {FROZEN: optax.set_to_zero()}
     for group, peak in learning_rates.items():
-        lr = learning_rate_schedule(
-            peak, num_steps=num_steps, warmup_steps=warmup_steps, shape=schedule
-        )
-        transforms[group] = optax.adamw(
-            lr, b1=0.9, b2=0.999, eps=1e-6, weight_decay=weight_decay, mask=decay
-        )
+        lr = learning_rate_schedule(peak, num_steps=num_steps, warmup_steps=warmup_steps, shape=schedule)
+        transforms[group] = optax.adamw(lr, b1=0.9, b2=0.999, eps=1e-6, weight_decay=weight_decay, mask=decay)
     trainable = trainable_mask(labels)
     tx = optax.multi_transform(transforms, labels)
     if max_grad_norm > 0:

@@ -8,13 +8,18 @@ against the fingerprint of the frozen parameters it started from.
     from stackft_jax import run_params
     params = run_params.phase_params("runs/demo")             # after the last phase
     params = run_params.phase_params("runs/demo", "phase1")   # the stacked head on the frozen backbone
+    step, params = run_params.best_params("runs/demo")         # checkpoints/best
+
+Nothing here writes to the workdir (predict.py and export.py read runs that may still be training).
 """
 
 import json
 from pathlib import Path
 from typing import Any
 
+import jax
 import ml_collections
+import orbax.checkpoint as ocp
 from flax import nnx
 
 from stackft_jax import checkpointing, phases, workdirs
@@ -27,22 +32,57 @@ def recorded_config(workdir: str | Path) -> ml_collections.ConfigDict:
     path = Path(workdir) / workdirs.CONFIG_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no recorded config (not a run's workdir)")
-    config = ml_collections.ConfigDict(json.loads(path.read_text())["config"])
+    return config_from_plain(json.loads(path.read_text())["config"])
+
+
+def config_from_plain(plain: dict[str, Any]) -> ml_collections.ConfigDict:
+    """A config from its JSON form (config_cli.to_plain)."""
+    config = ml_collections.ConfigDict(plain)
     config.phases = [ml_collections.ConfigDict(block) for block in config.phases]  # JSON left them dicts
     return config
 
 
-def phase_params(workdir: str | Path, phase: str | None = None) -> dict[str, Any]:
-    """The full parameters (a nested dict of arrays on one device) at the end of `phase` (a phase name
-    of the run's strategy; None: its last phase), which must have finished."""
+def phase_names(config: ml_collections.ConfigDict) -> list[str]:
+    """The run's phases in order (from the encoder's config.json: no model is built)."""
+    bert_config = bert.BertConfig.from_pretrained(bert.resolve_model_dir(config.model.name_or_path))
+    layers = config.model.config_overrides.num_hidden_layers or bert_config.num_hidden_layers
+    plan = phases.expand(config, layers, has_pooler=bert_config.family.has_pooler)
+    return [block.name for block, _ in plan]
+
+
+def best_params(workdir: str | Path, like: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+    """(global step, all parameters) of the run's best-on-dev checkpoint (checkpoints/best), read
+    without opening a checkpoint manager (which would tidy the folder). `like`: parameters of the
+    run's model, whose tree (int layer keys) the result takes; None: build the run's initial model."""
+    folder = Path(workdir).absolute() / "checkpoints" / "best"
+    steps = sorted(int(p.name) for p in folder.glob("*") if p.name.isdigit() and (p / "params").is_dir())
+    if not steps:
+        raise FileNotFoundError(f"{folder}: no best checkpoint")
+    if like is None:
+        like = _initial_params(recorded_config(workdir))
+    one_device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one_device), like)
+    with ocp.StandardCheckpointer() as checkpointer:
+        return steps[-1], checkpointer.restore(folder / str(steps[-1]) / "params", target)
+
+
+def _initial_params(config: ml_collections.ConfigDict) -> dict[str, Any]:
     from stackft_jax import train  # build_model: the run's own model construction
 
-    config = recorded_config(workdir)
     task = tasks.get_task(config.data.task).configure(config.data)
-    model, bert_config = train.build_model(config, task, bert.resolve_model_dir(config.model.name_or_path))
-    params = nnx.to_pure_dict(nnx.state(model))
-    plan = phases.expand(config, bert_config.num_hidden_layers, has_pooler=bert_config.family.has_pooler)
-    names = [block.name for block, _ in plan]
+    model, _ = train.build_model(config, task, bert.resolve_model_dir(config.model.name_or_path))
+    return nnx.to_pure_dict(nnx.state(model))
+
+
+def phase_params(
+    workdir: str | Path, phase: str | None = None, *, initial: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The full parameters (a nested dict of arrays on one device) at the end of `phase` (a phase name
+    of the run's strategy; None: its last phase), which must have finished. `initial`: the run's
+    initial parameters when the caller built its model already."""
+    config = recorded_config(workdir)
+    params = _initial_params(config) if initial is None else initial
+    names = phase_names(config)
     target = names[-1] if phase is None else phase
     if target not in names:
         raise ValueError(f"{workdir}: the run's phases are {names}, not {target!r}")

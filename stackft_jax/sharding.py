@@ -33,8 +33,7 @@ def put_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.A
     """This process's rows of the global batch -> global arrays sharded over `data`."""
     sharding = data_sharded(mesh)
     return {
-        key: jax.make_array_from_process_local_data(sharding, value)
-        for key, value in local_batch.items()
+        key: jax.make_array_from_process_local_data(sharding, value) for key, value in local_batch.items()
     }
 
 

@@ -73,9 +73,14 @@ class Context:
         return self.task.metrics[0]
 
 
+# The shortest max_seq_length that leaves room for text: [CLS] a [SEP] b [SEP] takes 3 special tokens.
+MIN_SEQ_LENGTH = 8
+
+
 def check_config(config: ml_collections.ConfigDict) -> None:
     """Fails early, naming the config key, before any expensive work."""
     phases.check_config(config)
+    heads.check_head(config.head)
     if config.strategy == "lp_ft" and not config.phases and not heads.is_linear(config.head):
         raise config_cli.ConfigError(
             f"config.strategy=lp_ft trains a linear probe first, and config.head.name={config.head.name!r} "
@@ -90,11 +95,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     if (model_dir / "config.json").is_file():  # a hub id's is read once it is downloaded
         bert.BertConfig.from_pretrained(model_dir)  # an unsupported model_type, named with its file
     if config.final_params not in ("last", "best"):
-        raise ValueError(f"config.final_params={config.final_params!r}: choose last or best")
+        raise config_cli.ConfigError(f"config.final_params={config.final_params!r}: choose last or best")
     if config.model.init not in ("pretrained", "random"):
-        raise ValueError(f"config.model.init={config.model.init!r}: choose pretrained or random")
+        raise config_cli.ConfigError(f"config.model.init={config.model.init!r}: choose pretrained or random")
     if config.model.dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"config.model.dtype={config.model.dtype!r}: choose float32 or bfloat16")
+        raise config_cli.ConfigError(f"config.model.dtype={config.model.dtype!r}: choose float32 or bfloat16")
     for key in (
         "log_every_steps",
         "eval_every_steps",
@@ -104,18 +109,30 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         "max_seq_length",
     ):
         if config[key] <= 0:
-            raise ValueError(f"config.{key} must be positive, got {config[key]}")
+            raise config_cli.ConfigError(f"config.{key} must be positive, got {config[key]}")
+    if config.keep_checkpoints < 1:  # 0 would keep none, and a killed run could not resume
+        raise config_cli.ConfigError(
+            f"config.keep_checkpoints={config.keep_checkpoints}: keep at least 1 (the run resumes from it)"
+        )
+    if config.seed < 0:
+        raise config_cli.ConfigError(f"config.seed={config.seed}: choose a seed of 0 or more")
+    if config.max_seq_length < MIN_SEQ_LENGTH:
+        raise config_cli.ConfigError(
+            f"config.max_seq_length={config.max_seq_length}: at least {MIN_SEQ_LENGTH} tokens, so that "
+            "text fits beside [CLS] and [SEP]"
+        )
     if config.phase1.feature_cache and config.phase1.backbone_dropout:
-        raise ValueError(
+        raise config_cli.ConfigError(
             "config.phase1.feature_cache=True needs config.phase1.backbone_dropout=False: the cache "
             "holds the frozen backbone's outputs without dropout, and with dropout they change every step"
         )
     if config.phase1.feature_cache_dtype not in feature_cache.DTYPES:
-        raise ValueError(
+        raise config_cli.ConfigError(
             f"config.phase1.feature_cache_dtype={config.phase1.feature_cache_dtype!r}: choose one of "
             f"{sorted(feature_cache.DTYPES)}"
         )
     task = tasks.get_task(config.data.task).configure(config.data)  # the task's own data.* keys
+    heads.check_fits(config.head, task.objective, task_name=task.name)
     if config.calibration.temperature and task.objective is not CLASSIFICATION:
         raise config_cli.ConfigError(
             f"config.calibration.temperature=True scales class probabilities; data.task={config.data.task!r} "
@@ -512,10 +529,8 @@ def run_phase(
         if stop_now:
             checkpoints.close()
             best_checkpoint.close()
-            preemption.acknowledge()
-            raise preemption.Preempted(
-                f"SIGTERM: checkpoint saved at {phase.name} step {step}; rerun the same command to resume"
-            )
+            progress.close()  # before the message, so that it is the last line
+            raise preemption.stopped(f"{phase.name} step {step}")
         if preemption.kill_requested(phase.name, step):
             os.kill(os.getpid(), signal.SIGKILL)
     progress.close()
@@ -650,7 +665,11 @@ def run(
             "config": config_cli.to_plain(config),
             "global_batch_size": sharding.global_batch_size(config.per_device_batch_size, mesh),
         }
-        workdirs.bind_config(workdir, record, allow_change=allow_config_change)
+        changed = workdirs.bind_config(workdir, record, allow_change=allow_config_change)
+        if workdirs.restarts(changed):  # another phase plan: the old one's checkpoints and best go
+            workdirs.set_aside_progress(workdir, f"--allow_config_change changed {sorted(changed)[0]}")
+        data_files = {f"data.{split}_file": config.data[f"{split}_file"] for split in SPLITS}
+        workdirs.bind_data(workdir, data_files, allow_change=allow_config_change)
         with timing.RunTimer() as timer:
             results = _run(config, workdir, mesh, timer)
             if jax.process_index() == 0:
@@ -728,7 +747,8 @@ def _run(
             params, record = finished
             log.info("%s already finished (%s)", phase.name, record["stop_reason"])
         else:
-            with timer.phase("train_steps"):  # less its evaluations, checkpoints and compilations
+            # Ctrl-C in a phase saves like SIGTERM (preemption.py).
+            with timer.phase("train_steps"), preemption.sigint_saves():  # less evals, saves, compiles
                 params, record = run_phase(
                     ctx, phase, index, params, global_offset, best, trained=trained, frozen=frozen
                 )

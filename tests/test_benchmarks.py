@@ -40,6 +40,7 @@ def _read(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+@pytest.mark.slow
 def test_train_speed(tmp_path):
     out = tmp_path / "train_speed.json"
     train_speed.main(["--quick", "--models=tiny", "--components", f"--out={out}"])
@@ -63,6 +64,7 @@ def test_train_speed(tmp_path):
         assert 0 < phase1[framework]["optimizer_state_bytes"] < full[framework]["optimizer_state_bytes"] / 10
 
 
+@pytest.mark.slow
 def test_memory(tmp_path):
     out = tmp_path / "memory.json"
     memory.main(["--quick", "--models=tiny", "--cases=phase1", f"--out={out}"])
@@ -262,6 +264,7 @@ def test_gemm_bfloat16_products_run_in_both_frameworks():
     assert all(row["jax_s"] > 0 and row["torch_s"] > 0 for row in rows)
 
 
+@pytest.mark.slow
 def test_time_to_result(tmp_path):
     out = tmp_path / "time_to_result.json"
     time_to_result.main(["--quick", f"--out={out}"])
@@ -279,6 +282,7 @@ def test_time_to_result(tmp_path):
     assert runs["warm"]["seconds"]["compilation"] < runs["cold"]["seconds"]["compilation"]
 
 
+@pytest.mark.slow
 def test_grid_sharing(tmp_path):
     out = tmp_path / "grid_sharing.json"
     payload = grid_sharing.main(["--quick", f"--out={out}"])
@@ -289,6 +293,7 @@ def test_grid_sharing(tmp_path):
     assert (shared["caches_built"], per_run["caches_built"]) == (2, 4)
 
 
+@pytest.mark.slow
 def test_grid_cost(tmp_path):
     first, second = tmp_path / "first.json", tmp_path / "second.json"
     args = ["--quick", "--cases=conll_bilstm_crf", "--seeds=1"]
@@ -305,6 +310,7 @@ def test_grid_cost(tmp_path):
     assert "| yes | yes |" in payload["table_markdown"]
 
 
+@pytest.mark.slow
 def test_finetune_collapse(tmp_path):
     out = tmp_path / "finetune_collapse.json"
     payload = finetune_collapse.main(

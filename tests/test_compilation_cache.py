@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 from stackft_jax import compilation_cache
 
 
@@ -24,6 +26,7 @@ def _entries(directory: Path) -> set[str]:
     return {p.name for p in directory.rglob("*") if p.is_file()}
 
 
+@pytest.mark.slow
 def test_a_second_seed_of_the_same_config_compiles_nothing_new(run_cli, tmp_path):
     cache = tmp_path / "jax_cache"
     first = run_cli(tmp_path / "seed0", f"--config.compilation_cache_dir={cache}", "--config.seed=0")
@@ -36,6 +39,7 @@ def test_a_second_seed_of_the_same_config_compiles_nothing_new(run_cli, tmp_path
     assert _entries(cache) - after_first == set()
 
 
+@pytest.mark.slow
 def test_none_writes_no_cache(run_cli, tmp_path, monkeypatch):
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax_cache"))
     proc = run_cli(tmp_path / "run", "--config.compilation_cache_dir=none", "--config.phase2.num_steps=0")

@@ -84,6 +84,7 @@ def _model_outputs(config, tokenizer, max_seq_length: int):
     return np.asarray(nll)[order], [np.asarray(tags)[i, : words[i]].tolist() for i in order]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("head", TAGGING_HEADS)
 def test_tagging_heads_ignore_padding_and_respect_iob2(head, tokenizer):
     config = tiny.get_config(f"conll,head={head}")
@@ -126,6 +127,7 @@ def conll_uninterrupted(tmp_path_factory, run_cli):
     return workdir
 
 
+@pytest.mark.slow
 def test_a_tagging_run_writes_sentence_predictions(conll_uninterrupted):
     results = json.loads((conll_uninterrupted / "results.json").read_text())
     dev = results["final"]["dev"]
@@ -159,6 +161,7 @@ def test_a_tagging_run_writes_sentence_predictions(conll_uninterrupted):
         ("crf", ("--config.strategy=stack_and_finetune", "--config.data.document_context=True")),
     ],
 )
+@pytest.mark.slow
 def test_every_tagging_head_runs_under_every_strategy(head, args, tmp_path, run_cli):
     proc = run_cli(tmp_path, *args, config=f"configs/tiny.py:conll,head={head}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -172,6 +175,7 @@ def test_every_tagging_head_runs_under_every_strategy(head, args, tmp_path, run_
         assert (tmp_path / "feature_cache").is_dir()
 
 
+@pytest.mark.slow
 def test_a_killed_tagging_run_resumes_bit_identical(conll_uninterrupted, tmp_path, run_cli):
     config = "configs/tiny.py:conll,head=bilstm"
     for kill_at in ("phase1:3", "phase2:5"):

@@ -199,6 +199,7 @@ def test_empty_sequences_are_finite():
     assert (np.asarray(decoded[0]) == crf.PAD_TAG).all() and scores[0] == 0.0
 
 
+@pytest.mark.slow
 def test_training_recovers_the_gold_tags():
     """Gradient descent on the NLL of one batch, CRF parameters and emissions both trained."""
     rng = np.random.default_rng(5)

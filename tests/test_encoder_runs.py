@@ -131,6 +131,7 @@ def wordpiece_family_dir(tmp_path_factory):
         ),
     ],
 )
+@pytest.mark.slow
 def test_families_without_a_pooler_run_the_other_strategies(
     family, args, wordpiece_family_dir, tmp_path, run_cli
 ):

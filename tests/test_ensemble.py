@@ -147,6 +147,7 @@ def test_cli_refusal_is_one_line_with_status_2(runs, tmp_path):
     assert not (tmp_path / "ens").exists()
 
 
+@pytest.mark.slow
 def test_ensemble_of_two_real_tiny_runs(uninterrupted, run_cli, tmp_path):
     seed1 = tmp_path / "seed1"
     proc = run_cli(seed1, "--config.seed=1")

@@ -71,14 +71,26 @@ def test_unlabelled_split_is_predicted_not_scored():
     done = _evaluator().evaluate({}, split)
     assert done.scores == {} and len(done.rows["predictions"]) == NUM_ROWS
     records = glue.QQP.prediction_records(split, done.rows)
-    assert records[3] == {"key": "3-key", "prediction": 1, "probabilities": [0.25, 0.75]}
+    assert records[3] == {
+        "key": "3-key",
+        "prediction": 1,
+        "prediction_name": "duplicate",
+        "probabilities": [0.25, 0.75],
+    }
 
 
 def test_prediction_records_follow_the_file_with_labels():
     split = _split()
     records = glue.QQP.prediction_records(split, _evaluator().evaluate({}, split).rows)
     assert [r["key"] for r in records] == [f"{i}-key" for i in range(NUM_ROWS)]
-    assert records[3] == {"key": "3-key", "prediction": 1, "label": 1, "probabilities": [0.25, 0.75]}
+    assert records[3] == {
+        "key": "3-key",
+        "prediction": 1,
+        "prediction_name": "duplicate",
+        "label": 1,
+        "label_name": "duplicate",
+        "probabilities": [0.25, 0.75],
+    }
 
 
 def test_evaluation_shows_its_own_progress(capsys):

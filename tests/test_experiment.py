@@ -347,6 +347,7 @@ ENSEMBLE_P1 = {
 STACKED_ESIM_SEED1 = [0.4, 0.2, 0.45, 0.1]
 
 
+@pytest.mark.slow
 def test_ensemble_cells_on_hand_made_runs(tmp_path):
     g = _grid(num_seeds=2, ensembles="head.name=cls_mlp+esim")
     for run in grid.runs_of(g):
@@ -460,6 +461,7 @@ def _comparable(report: dict) -> dict:
     return {key: report[key] for key in ("runs", "ensembles", "cells", "comparisons", "majority_baseline")}
 
 
+@pytest.mark.slow
 def test_a_killed_grid_resumes_and_shards_give_the_same_report(tmp_path):
     whole, sharded = tmp_path / "whole", tmp_path / "sharded"
     proc = _experiment(whole, wait=False)
@@ -648,6 +650,7 @@ COMMITTABLE = ("results.json", "config.json", "metrics.jsonl", "timings.json", "
                "predictions/test.jsonl")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_report_needs_only_the_committable_files_of_each_run(tmp_path, caplog):
     # A real tiny grid, one seed, scored on a labelled test file too; its runs reduced to the small files
     # one commits per run (no checkpoints, caches or events): `--report_only` gives the same report.

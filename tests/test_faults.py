@@ -47,6 +47,7 @@ def _kill_after_next_checkpoint_starts(proc: subprocess.Popen, workdir: Path, de
     return False
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments(uninterrupted, tmp_path, run_cli):
     """Checkpoints every step and kills each run a random moment after it starts writing a new one, so
     kills land inside checkpoint writes and between them whatever the machine's speed; the delays come
@@ -69,6 +70,7 @@ def test_sigkill_at_random_moments(uninterrupted, tmp_path, run_cli):
     _assert_same_run(uninterrupted, tmp_path)
 
 
+@pytest.mark.slow
 def test_damaged_newest_periodic_checkpoint_falls_back(uninterrupted, tmp_path, run_cli):
     assert run_cli(tmp_path, kill_at="phase2:5").returncode == -signal.SIGKILL
     newest = tmp_path / "checkpoints" / "phase2" / "4"
@@ -81,6 +83,7 @@ def test_damaged_newest_periodic_checkpoint_falls_back(uninterrupted, tmp_path, 
     _assert_same_run(uninterrupted, tmp_path)
 
 
+@pytest.mark.slow
 def test_damaged_boundary_checkpoint_reruns_its_phase(uninterrupted, tmp_path, run_cli):
     """phase1_end lost a file after phase 2 began: phase 1 runs again from its start (its periodic
     checkpoints went when the boundary was written), then phase 2 resumes from its own checkpoint."""
@@ -96,6 +99,7 @@ def test_damaged_boundary_checkpoint_reruns_its_phase(uninterrupted, tmp_path, r
     _assert_same_run(uninterrupted, tmp_path)
 
 
+@pytest.mark.slow
 def test_nan_stops_at_its_step_and_nothing_nan_is_saved(tmp_path):
     """An absurd learning rate makes step 2's loss non-finite: the run stops naming that step and the
     last good checkpoint (step 1), evaluates and saves nothing after it, and a rerun stops the same way."""
@@ -115,6 +119,7 @@ def test_nan_stops_at_its_step_and_nothing_nan_is_saved(tmp_path):
     assert int(saved["first_nonfinite_step"]) == -1
 
 
+@pytest.mark.slow
 def test_final_params_best_and_an_unreadable_best_checkpoint(uninterrupted, tmp_path, run_cli):
     """final_params=best scores the best-on-dev parameters; when that checkpoint is damaged, a rerun
     moves it aside and scores the last parameters, and says so in results.json."""

@@ -139,6 +139,7 @@ def _train(workdir: Path, monkeypatch, arg: str) -> dict:
 
 
 # The last layer alone, and every layer through the scalar mix (whose weights and gamma then train).
+@pytest.mark.slow
 @pytest.mark.parametrize("arg", ["model.scalar_mix=false", "model.scalar_mix=true"])
 def test_training_from_the_cache_matches_recomputing_the_backbone(arg, tmp_path, monkeypatch):
     recomputed = _train(tmp_path / "recomputed", monkeypatch, f"{CACHED},{arg}")
@@ -181,6 +182,7 @@ def test_training_from_the_cache_matches_recomputing_the_backbone(arg, tmp_path,
 CACHED_TINY = "configs/tiny.py:phase1.backbone_dropout=false,phase1.feature_cache=true"
 
 
+@pytest.mark.slow
 def test_resume_inside_a_cached_phase_equals_an_uninterrupted_run(tmp_path, run_cli):
     uninterrupted, resumed = tmp_path / "uninterrupted", tmp_path / "resumed"
     proc = run_cli(uninterrupted, config=CACHED_TINY)
@@ -215,6 +217,7 @@ PRETRAINED_STACK = (
 )
 
 
+@pytest.mark.slow
 def test_runs_with_other_seeds_build_one_shared_cache_and_match_per_run_caches(tmp_path):
     shared = tmp_path / "shared"
     arg = f"{PRETRAINED_STACK},phase1.feature_cache_dir={shared}"

@@ -15,6 +15,7 @@ def _read(path):
     return json.loads(path.read_text())
 
 
+@pytest.mark.slow
 def test_train_speed_accelerator_report(tmp_path):
     # Forced on the CPU with a made-up peak, so the MFU arithmetic runs where CI runs.
     out = tmp_path / "train_speed.json"

@@ -62,9 +62,10 @@ def test_sst2_single_sentence_and_an_unlabelled_test_file(tmp_path):
     # Predicted, not scored: keyed by the file's `index` column, without labels.
     test = list(predictions.read(predictions.path(tmp_path / "run", "test")).values())
     assert [r["key"].split("-")[0] for r in test] == ["0", "1", "2"]
-    assert all(set(r) == {"key", "prediction", "probabilities"} for r in test)
+    assert all(set(r) == {"key", "prediction", "prediction_name", "probabilities"} for r in test)
 
 
+@pytest.mark.slow
 def test_stsb_regression_with_a_pair_head(tmp_path):
     _write_stsb(tmp_path / "stsb.tsv")
     config = _tiny_glue("stsb", tmp_path / "stsb.tsv", "esim")

@@ -59,6 +59,7 @@ def trained_like(name: str, **overrides):
     return graphdef, perturbed(params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CLASSIFICATION_HEADS)
 def test_padding_changes_nothing_for_single_sentences(name):
     graphdef, params = trained_like(name)
@@ -86,6 +87,7 @@ def test_a_row_does_not_depend_on_the_other_rows(name):
         np.testing.assert_allclose(forward(graphdef, params, alone)[0], logits[row], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CLASSIFICATION_HEADS)
 def test_jit_matches_eager(name):
     graphdef, params = trained_like(name)
@@ -315,6 +317,7 @@ TINY_HEADS = {
         ("highway_lstm", ["--config.model.scalar_mix=True", "--config.strategy=stack_only"]),
     ],
 )
+@pytest.mark.slow
 def test_command_line_run(name, extra, tmp_path, run_cli):
     proc = run_cli(tmp_path, f"--config.head.name={name}", *TINY_HEADS[name], *extra)
     assert proc.returncode == 0, proc.stdout + proc.stderr

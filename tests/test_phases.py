@@ -211,6 +211,7 @@ def three_phase_run(tmp_path_factory, run_cli) -> Path:
     return workdir
 
 
+@pytest.mark.slow
 def test_a_written_three_phase_schedule_runs_and_records_its_boundaries(three_phase_run):
     results = _results(three_phase_run)
     assert results["strategy"] == "head_top_all"
@@ -236,6 +237,7 @@ def test_a_written_three_phase_schedule_runs_and_records_its_boundaries(three_ph
     )
 
 
+@pytest.mark.slow
 def test_a_written_schedule_resumes_after_a_kill_in_its_second_phase(three_phase_run, tmp_path, run_cli):
     config = "configs/tiny.py:three_phases"
     assert run_cli(tmp_path, config=config, kill_at="top:3").returncode == -signal.SIGKILL
@@ -254,6 +256,7 @@ def test_a_written_schedule_resumes_after_a_kill_in_its_second_phase(three_phase
     )
 
 
+@pytest.mark.slow
 def test_gradual_unfreezing_leaves_still_frozen_layers_bit_identical_at_every_boundary(tmp_path):
     config = tiny.get_config(
         "strategy=gradual_unfreezing,phase1.num_steps=2,unfreezing.num_steps=2,phase2.num_steps=2,eval_every_steps=2"
@@ -359,6 +362,7 @@ def test_temperature_scaling_of_the_final_model(tmp_path):
         ("strategy=lp_ft,head=linear,phase1.num_steps=3,phase2.num_steps=3", "finetune:3", "finetune"),
     ],
 )
+@pytest.mark.slow
 def test_new_presets_resume_bit_identically_after_a_kill(settings, kill_at, last_phase, tmp_path, run_cli):
     config = f"configs/tiny.py:{settings}"
     proc = run_cli(tmp_path / "whole", config=config)

@@ -4,6 +4,7 @@ import functools
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
 from configs import tiny
@@ -47,6 +48,7 @@ def _step_on(devices, params, graphdef, batch, phase):
     return jax.device_get(state.params), jax.device_get(metrics)
 
 
+@pytest.mark.slow
 def test_eight_devices_match_one():
     config = tiny.get_config()
     task = get_task("qqp")

@@ -85,6 +85,7 @@ def test_outputs(uninterrupted):
     assert p1["optimizer_state_bytes"] < p2["optimizer_state_bytes"] / 100
 
 
+@pytest.mark.slow
 def test_sigkill_inside_phase1_at_the_boundary_and_inside_phase2(uninterrupted, tmp_path, run_cli):
     for kill_at in ("phase1:3", "phase1:6", "phase2:5"):
         proc = run_cli(tmp_path, kill_at=kill_at)
@@ -95,6 +96,7 @@ def test_sigkill_inside_phase1_at_the_boundary_and_inside_phase2(uninterrupted, 
     _assert_same_run(uninterrupted, tmp_path)
 
 
+@pytest.mark.slow
 def test_checkpoints_of_a_phase_started_from_other_frozen_weights_are_refused(
     uninterrupted, tmp_path, run_cli
 ):
@@ -112,6 +114,7 @@ def test_checkpoints_of_a_phase_started_from_other_frozen_weights_are_refused(
         assert (workdir / "checkpoints" / checkpoint).is_dir()  # kept: nothing saved is lost
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_resumes(uninterrupted, tmp_path, run_cli):
     proc = run_cli(tmp_path, wait=False)
     deadline = time.time() + 300

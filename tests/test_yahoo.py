@@ -203,6 +203,7 @@ def test_config_presets_read_the_packaged_sample():
     assert sample_path("yahoo_train.csv").name == "yahoo_train.csv"
 
 
+@pytest.mark.slow
 def test_demo_preset_runs_and_records_label_names_and_held_out_dev(tmp_path, run_cli):
     """The demo preset shrunk to a tiny random BERT and two steps a phase, without a dev file; the
     packaged dev file serves as a held-out test file."""

@@ -14,6 +14,10 @@ The task encodes sentences as sub-token windows whose first sub-tokens carry the
 (data/word_pieces.py), trains with the word-tagging objective (objectives.py: the head's per-word
 scores own the loss and decoding), joins split sentences back and scores entities with seqeval in strict
 IOB2 mode (metrics.entity_scores). An example is a sentence; its prediction record holds its tags.
+
+Inputs to predict (predict.py): CoNLL files, or one sentence per line: whitespace-separated words, or a
+JSON object `{"words": [...], "tags": [...]}` (`tags` optional). A sentence without tags is predicted,
+not scored.
 """
 
 import dataclasses
@@ -27,9 +31,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stackft_jax import metrics, objectives
+from stackft_jax.cli_errors import DataError
 from stackft_jax.data import batching, word_pieces
 from stackft_jax.data.task_spec import Split, TaskSpec, hub_rows
-from stackft_jax.data.text_files import decoded_lines
+from stackft_jax.data.text_files import decoded_lines, first_line, json_object
 from stackft_jax.data.word_pieces import NO_DOCUMENT
 
 if TYPE_CHECKING:
@@ -44,7 +49,7 @@ _TAG = re.compile(r"O|[BI]-\S+")
 @dataclasses.dataclass(frozen=True)
 class Sentence:
     words: tuple[str, ...]
-    tags: tuple[str, ...]  # IOB2
+    tags: tuple[str, ...] | None  # IOB2; None: unlabelled (an input to predict)
     document: int  # numbered from 0 in file order; NO_DOCUMENT: unknown (the hub dataset)
     index: int  # the sentence's position in its file or split, from 0
 
@@ -68,13 +73,31 @@ def to_iob2(tags: Sequence[str]) -> tuple[str, ...]:
     return tuple(converted)
 
 
+def sniff_conll(path: Path) -> str | None:
+    """ "CoNLL" when the first non-blank line is `-DOCSTART-` or a token line ending in an IOB tag."""
+    line = first_line(path)
+    fields = line.split() if line is not None else []
+    if fields and (fields[0] == DOCSTART or (len(fields) >= 2 and _TAG.fullmatch(fields[-1]))):
+        return "CoNLL"
+    return None
+
+
+def check_tags(tags: Sequence[str], known: Sequence[str], where: str) -> tuple[str, ...]:
+    """IOB2 `tags`, each a tag of `known` (IOB1 accepted); an unknown tag is an error at `where`."""
+    for tag in tags:
+        if not isinstance(tag, str) or not _TAG.fullmatch(tag):
+            raise DataError(f"{where}: tag {tag!r} is not IOB: expected O, B-TYPE or I-TYPE")
+        if tag not in known and to_iob2([tag])[0] not in known:
+            raise DataError(f"{where}: unknown tag {tag!r}; the tags are {list(known)}")
+    return to_iob2(tags)
+
+
 def read_conll(path: str | Path, *, config_key: str, tags: Sequence[str] = TAGS) -> list[Sentence]:
     """The file's sentences, tags converted to IOB2. A malformed line or an unknown tag is an error
     naming `file:line`."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{config_key} = {str(path)!r}: no such file")
-    known = set(tags)
     sentences: list[Sentence] = []
     words: list[str] = []
     sentence_tags: list[str] = []
@@ -100,24 +123,20 @@ def read_conll(path: str | Path, *, config_key: str, tags: Sequence[str] = TAGS)
         where = f"{path}:{number}"
         if num_columns is None:
             if len(fields) < 2:
-                raise ValueError(
+                raise DataError(
                     f"{where}: expected `token POS chunk NER` or `token NER`, got {line.strip()!r}"
                 )
             num_columns = len(fields)
         if len(fields) != num_columns:
-            raise ValueError(
+            raise DataError(
                 f"{where}: {len(fields)} columns where the file's first token line has {num_columns}"
             )
-        tag = fields[-1]
-        if not _TAG.fullmatch(tag):
-            raise ValueError(f"{where}: tag {tag!r} is not IOB: expected O, B-TYPE or I-TYPE")
-        if tag not in known and to_iob2([tag])[0] not in known:
-            raise ValueError(f"{where}: unknown tag {tag!r}; the tags are {list(tags)}")
+        check_tags([fields[-1]], tags, where)
         words.append(fields[0])
-        sentence_tags.append(tag)
+        sentence_tags.append(fields[-1])
     end_sentence()
     if not sentences:
-        raise ValueError(f"{config_key} = {str(path)!r}: the file holds no sentences")
+        raise DataError(f"{config_key} = {str(path)!r}: the file holds no sentences")
     return sentences
 
 
@@ -129,11 +148,11 @@ def sentences_from_hf(rows: Mapping[str, Any], tag_names: Sequence[str] | None =
         tag_names = rows.features["ner_tags"].feature.names
     unknown = [name for name in tag_names if name not in TAGS]
     if unknown:
-        raise ValueError(f"the dataset's tag names {unknown} are not CoNLL-2003 tags {list(TAGS)}")
+        raise DataError(f"the dataset's tag names {unknown} are not CoNLL-2003 tags {list(TAGS)}")
     sentences = []
     for index, (tokens, ner_tags) in enumerate(zip(rows["tokens"], rows["ner_tags"], strict=True)):
         if len(tokens) != len(ner_tags) or not all(0 <= t < len(tag_names) for t in ner_tags):
-            raise ValueError(
+            raise DataError(
                 f"dataset row {index}: {len(tokens)} tokens with ner_tags {list(ner_tags)}; expected one "
                 f"tag id in [0, {len(tag_names)}) per token"
             )
@@ -196,7 +215,23 @@ class ConllTask(TaskSpec):
         return arrays
 
     def is_labelled(self, examples: Sequence[Sentence]) -> bool:
-        return True  # the reader requires a tag on every word
+        return any(sentence.tags is not None for sentence in examples)  # files: a tag on every word
+
+    def input_layout(self, path: Path) -> str | None:
+        return sniff_conll(path)
+
+    def example_from_line(self, line: str, *, index: int, where: str) -> Sentence:
+        record = json_object(line, where)
+        if record is None:
+            return Sentence(tuple(line.split()), None, NO_DOCUMENT, index)
+        words, tags = record.get("words"), record.get("tags")
+        if not isinstance(words, list) or not words or not all(isinstance(w, str) and w for w in words):
+            raise DataError(f'{where}: expected a JSON object {{"words": [...], "tags": [...]}} with words')
+        if tags is not None:
+            if not isinstance(tags, list) or len(tags) != len(words):
+                raise DataError(f"{where}: {len(words)} words need as many tags, got {tags!r}")
+            tags = check_tags(tags, self.tags, where)
+        return Sentence(tuple(words), tags, NO_DOCUMENT, index)
 
     def _sentence_tags(self, split: Split, predictions: np.ndarray) -> list[tuple[str, ...]]:
         """Tag names per sentence for the sentences whose windows all lie in the first
@@ -218,7 +253,8 @@ class ConllTask(TaskSpec):
     def prediction_records(self, split: Split, rows: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
         predicted = self._sentence_tags(split, rows["predictions"])
         return [
-            {"key": sentence.key, "prediction": list(tags), "label": list(sentence.tags)}
+            {"key": sentence.key, "prediction": list(tags)}
+            | ({"label": list(sentence.tags)} if sentence.tags is not None else {})
             for sentence, tags in zip(split.examples, predicted, strict=True)
         ]
 

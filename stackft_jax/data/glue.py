@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 
 from stackft_jax import objectives
+from stackft_jax.cli_errors import DataError
 from stackft_jax.data.sentence_task import UNLABELED, Example, SentenceTask
 from stackft_jax.data.task_spec import example_key
-from stackft_jax.data.text_files import decoded_lines
+from stackft_jax.data.text_files import decoded_lines, first_line
 
 _STSB_SCORE_RANGE = (0.0, 5.0)
 
@@ -36,16 +37,16 @@ def _rows(path: str | Path, config_key: str) -> Iterator[tuple[int, list[str]]]:
             if fields:
                 yield reader.line_num, fields
     except csv.Error as e:
-        raise ValueError(f"{path}:{reader.line_num}: {e}") from e
+        raise DataError(f"{path}:{reader.line_num}: {e}") from e
 
 
 def _class_label(value: str, where: str, num_classes: int) -> int:
     try:
         label = int(value)
     except ValueError:
-        raise ValueError(f"{where}: label {value!r} is not an integer") from None
+        raise DataError(f"{where}: label {value!r} is not an integer") from None
     if not 0 <= label < num_classes:
-        raise ValueError(f"{where}: label {label} is outside [0, {num_classes - 1}]")
+        raise DataError(f"{where}: label {label} is outside [0, {num_classes - 1}]")
     return label
 
 
@@ -53,10 +54,10 @@ def _score_label(value: str, where: str) -> float:
     try:
         score = float(value)
     except ValueError:
-        raise ValueError(f"{where}: score {value!r} is not a number") from None
+        raise DataError(f"{where}: score {value!r} is not a number") from None
     low, high = _STSB_SCORE_RANGE
     if not low <= score <= high:  # also rejects nan
-        raise ValueError(f"{where}: score {score} is outside [{low}, {high}]")
+        raise DataError(f"{where}: score {score} is outside [{low}, {high}]")
     return score
 
 
@@ -77,7 +78,7 @@ def _read_with_header(
     wanted = [text_a] + ([text_b] if text_b else [])
     missing = [name for name in wanted if name not in header]
     if missing:
-        raise ValueError(f"{path}:{header_line}: header {header} lacks column(s) {missing}")
+        raise DataError(f"{path}:{header_line}: header {header} lacks column(s) {missing}")
     col_a = header.index(text_a)
     col_b = header.index(text_b) if text_b else None
     col_label = header.index(label) if label in header else None
@@ -86,7 +87,7 @@ def _read_with_header(
     for line, fields in rows:
         where = f"{path}:{line}"
         if len(fields) != len(header):
-            raise ValueError(
+            raise DataError(
                 f"{where}: expected {len(header)} tab-separated columns like the header, got {len(fields)}"
             )
         text_b_value = fields[col_b] if col_b is not None else None
@@ -100,7 +101,7 @@ def _read_with_header(
 def _first_row(path: str | Path, rows: Iterator[tuple[int, list[str]]]) -> tuple[int, list[str]]:
     first = next(rows, None)
     if first is None:
-        raise ValueError(f"{path}: file is empty")
+        raise DataError(f"{path}: file is empty")
     return first
 
 
@@ -129,7 +130,7 @@ def read_qqp(path: str | Path, config_key: str) -> list[Example]:
         for line, fields in itertools.chain([(first_line, first)], rows):
             where = f"{path}:{line}"
             if len(fields) != 4:
-                raise ValueError(
+                raise DataError(
                     f"{where}: expected 4 tab-separated columns (label, question1, question2, id) "
                     f"like the first line, got {len(fields)}"
                 )
@@ -137,7 +138,7 @@ def read_qqp(path: str | Path, config_key: str) -> list[Example]:
             key = example_key(fields[3], fields[1], fields[2])
             examples.append(Example(text_a=fields[1], text_b=fields[2], label=label, key=key))
         return examples
-    raise ValueError(
+    raise DataError(
         f"{path}:{first_line}: unrecognized QQP layout: expected a header with question1/question2 "
         f"(GLUE, Quora release) or 4 columns starting with a 0/1 label (BiMPM split), got "
         f"{len(first)} columns {first[:3]}..."
@@ -189,6 +190,29 @@ def read_sst2(path: str | Path, config_key: str) -> list[Example]:
     )
 
 
+def _first_fields(path: Path) -> list[str]:
+    line = first_line(path)
+    return [] if line is None else line.rstrip("\r\n").split("\t")
+
+
+def _sniff_header(*columns: str) -> Callable[[Path], str | None]:
+    """A `SentenceTask.sniffer`: the GLUE layout whose header holds `columns`."""
+
+    def sniff(path: Path) -> str | None:
+        return "GLUE TSV with header" if set(columns) <= set(_first_fields(path)) else None
+
+    return sniff
+
+
+def sniff_qqp(path: Path) -> str | None:
+    first = _first_fields(path)
+    if {"question1", "question2"} <= set(first):
+        return "GLUE/Quora TSV with header"
+    if len(first) == 4 and first[0] in ("0", "1"):
+        return "BiMPM TSV"
+    return None
+
+
 def examples_from_hf(
     rows: Mapping[str, Any], *, columns: tuple[str, str | None], label_type: type
 ) -> list[Example]:
@@ -210,6 +234,8 @@ def _glue_task(
     reader: Callable[..., list[Example]],
     columns: tuple[str, str | None],
     metrics: tuple[str, ...],
+    sniffer: Callable[[Path], str | None],
+    class_names: tuple[str, ...] = (),
     regression: bool = False,
 ) -> SentenceTask:
     """A task of the `nyu-mll/glue` dataset: two classes, or a score; `columns` are its hub columns."""
@@ -224,16 +250,41 @@ def _glue_task(
         reader=reader,
         hf_dataset=("nyu-mll/glue", name),
         examples_from_hf=functools.partial(examples_from_hf, columns=columns, label_type=label_type),
+        sniffer=sniffer,
+        class_names=class_names,
     )
 
 
-QQP = _glue_task("qqp", reader=read_qqp, columns=("question1", "question2"), metrics=("accuracy", "f1"))
-MRPC = _glue_task("mrpc", reader=read_mrpc, columns=("sentence1", "sentence2"), metrics=("accuracy", "f1"))
+# Class names as the Hugging Face GLUE dataset names them.
+QQP = _glue_task(
+    "qqp",
+    reader=read_qqp,
+    columns=("question1", "question2"),
+    metrics=("accuracy", "f1"),
+    sniffer=sniff_qqp,
+    class_names=("not_duplicate", "duplicate"),
+)
+MRPC = _glue_task(
+    "mrpc",
+    reader=read_mrpc,
+    columns=("sentence1", "sentence2"),
+    metrics=("accuracy", "f1"),
+    sniffer=_sniff_header("#1 String", "#2 String"),
+    class_names=("not_equivalent", "equivalent"),
+)
 STSB = _glue_task(
     "stsb",
     reader=read_stsb,
     columns=("sentence1", "sentence2"),
     regression=True,
     metrics=("pearson", "spearman"),
+    sniffer=_sniff_header("sentence1", "sentence2"),
 )
-SST2 = _glue_task("sst2", reader=read_sst2, columns=("sentence", None), metrics=("accuracy",))
+SST2 = _glue_task(
+    "sst2",
+    reader=read_sst2,
+    columns=("sentence", None),
+    metrics=("accuracy",),
+    sniffer=_sniff_header("sentence"),
+    class_names=("negative", "positive"),
+)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from stackft_jax.cli_errors import DataError
 from stackft_jax.data import batching, tokenization
 from stackft_jax.objectives import Objective
 
@@ -102,6 +103,25 @@ class TaskSpec(abc.ABC):
     def prediction_records(self, split: "Split", rows: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
         """One JSON-ready record per example, in file order, with its `key` (predictions.py)."""
 
+    # Reading inputs to predict (predict.py): the task's own files, or one example per line.
+
+    @abc.abstractmethod
+    def input_layout(self, path: Path) -> str | None:
+        """The name of the task's own file layout `path` is in, told by its first record (say "GLUE
+        TSV with header"), or None: not a file of this task (predict then reads it line by line, and
+        refuses it if another task's `input_layout` claims it)."""
+
+    def read_input_file(self, path: Path) -> list[Any]:
+        """The examples of a file in one of the task's own layouts, labelled or not, every one of them
+        in file order (a label the model does not know is an error at its line, never dropped)."""
+        return self.read_file(path, config_key="--input")
+
+    @abc.abstractmethod
+    def example_from_line(self, line: str, *, index: int, where: str) -> Any:
+        """One example from one line of a line-per-example input: a JSON object of the task's fields
+        (labels optional), or the task's plain text form. `index`: the example's position in the input
+        from 0; `where`: `file:line` for errors and keys."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Split:
@@ -155,12 +175,12 @@ def read_examples(task: TaskSpec, split: str, path: str | Path | None) -> list[A
         examples = task.read_file(Path(path), config_key=config_key)
     source = _source(task, split, path)
     if not examples:
-        raise ValueError(f"{source}: the file holds no examples (a header only?)")
+        raise DataError(f"{source}: the file holds no examples (a header only?)")
     seen: dict[str, int] = {}
     for position, example in enumerate(examples):
         first = seen.setdefault(example.key, position)
         if first != position:
-            raise ValueError(
+            raise DataError(
                 f"{source}: examples {first} and {position} share the key {example.key!r} (the same id "
                 "and text twice); prediction files need one key per example"
             )
@@ -188,7 +208,7 @@ def read_splits(task: TaskSpec, paths: Mapping[str, str | Path | None]) -> dict[
     if dev_is_held_out(task, paths.get("dev")):
         examples["train"], examples["dev"] = hold_out(examples["train"], task.dev_fraction)
         if not examples["train"] or not examples["dev"]:
-            raise ValueError(
+            raise DataError(
                 f"data.dev_fraction={task.dev_fraction} of {len(examples['train']) + len(examples['dev'])} "
                 "train examples leaves train or dev empty"
             )
@@ -249,7 +269,7 @@ def load_split(
         examples = read_examples(task, split, path)
     labelled = task.is_labelled(examples)
     if not labelled and split != "test":
-        raise ValueError(f"{_source(task, split, path)}: the {split} split has no labels")
+        raise DataError(f"{_source(task, split, path)}: the {split} split has no labels")
     arrays = encode_examples(
         task, tokenizer, examples, max_seq_length=max_seq_length, options=options, cache_dir=cache_dir
     )

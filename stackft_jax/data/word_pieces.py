@@ -52,7 +52,7 @@ class Sentence(Protocol):
     def words(self) -> Sequence[str]: ...
 
     @property
-    def tags(self) -> Sequence[str]: ...
+    def tags(self) -> Sequence[str] | None: ...  # None: unlabelled
 
     @property
     def document(self) -> int: ...  # sentences of one document share it; NO_DOCUMENT: unknown
@@ -140,13 +140,15 @@ def encode_sentences(
         )
         tokens = [tokenizer.cls_token_id, *left, *flat[w], *right, tokenizer.sep_token_id]
         starts = np.cumsum([0] + [len(word) for word in pieces[:-1]]) + 1 + len(left)
-        words = sentences[index].tags[start : start + len(pieces)]
+        tags = sentences[index].tags
         arrays["input_ids"][w, : len(tokens)] = tokens
         arrays["segment_ids"][w, 1 : len(tokens) - 1] = SEGMENT_A
         arrays["lengths"][w] = len(tokens)
         arrays["word_starts"][w, : len(pieces)] = starts
         arrays["num_words"][w] = len(pieces)
-        arrays["labels"][w, : len(pieces)] = [tag_ids[tag] for tag in words]
+        # An unlabelled sentence (predict's input) gets tag id 0 per word: a finite loss nothing scores.
+        words = tags[start : start + len(pieces)] if tags is not None else [None] * len(pieces)
+        arrays["labels"][w, : len(pieces)] = [tag_ids[tag] if tag is not None else 0 for tag in words]
         arrays["sentence_index"][w] = index
         arrays["word_offset"][w] = start
     if num_split:

@@ -43,9 +43,7 @@ class Dropout(nnx.Module):
         self.rate = rate
         self.rng_collection = rng_collection
 
-    def __call__(
-        self, inputs: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None = None
-    ) -> jax.Array:
+    def __call__(self, inputs: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None = None) -> jax.Array:
         if deterministic or round(self.rate * _LEVELS) == 0:
             return inputs
         if rngs is None:

@@ -1,0 +1,111 @@
+"""Predictions of a trained model on new inputs:
+
+    python -m stackft_jax.predict --workdir=runs/demo --input=pairs.tsv --output=pairs.jsonl
+    python -m stackft_jax.predict --model=exports/demo --input=- --output=-      # type, read answers
+
+The model is a run's (`--workdir`: what its results.json `final` scored, `--params=best|last`, or the end
+of any finished `--phase`) or an export's (`--model`, export.py). Inputs are the task's own files (GLUE
+TSV, Yahoo CSV, CoNLL), labelled or not, or one example per line (data/task_spec.py `example_from_line`:
+JSON objects or the task's plain text; `--input=-` reads standard input and answers each line as it
+comes). The output is JSONL, one record per example in input order, the records of the run's own
+`predictions/<split>.jsonl`; a labelled input is also scored (`--scores`). The run's evaluator does the
+work: all devices, length-sorted batches gathered back into input order, the persistent compilation cache.
+
+Every refusal (an unfinished run, a file of another task, bad bytes, an unknown class or tag, an output
+that exists) is one line before the model is built. Nothing is written to the workdir.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+from absl import app, flags
+
+from stackft_jax import cli_errors, inference
+from stackft_jax.cli_errors import UsageError
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", None, "A run's workdir (python -m stackft_jax.main --workdir=...).")
+flags.DEFINE_string(
+    "model", None, "An export folder (python -m stackft_jax.export --out=...), instead of --workdir."
+)
+flags.DEFINE_string(
+    "input", None, "The file to predict, in the task's own format or one example per line; - : stdin."
+)
+flags.DEFINE_string("output", None, "Where the JSONL predictions go; - : stdout.")
+flags.DEFINE_string("scores", None, "Where the scores of a labelled input go (JSON); they are printed too.")
+flags.DEFINE_enum(
+    "params", None, ["best", "last"], "Which parameters of a finished run (default: what it scored)."
+)
+flags.DEFINE_string(
+    "phase", None, "A finished phase whose end parameters predict (e.g. phase1: the stacked head)."
+)
+flags.DEFINE_integer(
+    "per_device_batch_size", None, "Examples per device and batch (default: the run's eval batch)."
+)
+flags.DEFINE_bool("overwrite", False, "Replace non-empty --output/--scores files.")
+STDIN = "-"
+
+
+def _check_target(flag: str, path: str | None) -> None:
+    if path and path != STDIN and not FLAGS.overwrite:
+        target = Path(path)
+        if target.is_dir() or (target.is_file() and target.stat().st_size > 0):
+            raise UsageError(f"--{flag}={path} exists and is not empty: pass --overwrite to replace it")
+
+
+def _open_source():
+    from stackft_jax import trained
+
+    if bool(FLAGS.workdir) == bool(FLAGS.model):
+        raise UsageError("give one of --workdir (a run) or --model (an export)")
+    if FLAGS.model:
+        if FLAGS.params or FLAGS.phase:
+            raise UsageError(
+                "--params and --phase choose among a workdir's parameters; an export holds one set"
+            )
+        return trained.open_export(FLAGS.model)
+    return trained.open_workdir(FLAGS.workdir, params=FLAGS.params, phase=FLAGS.phase)
+
+
+@cli_errors.guarded
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise UsageError(f"unexpected arguments: {argv[1:]}")
+    if not FLAGS.input or not FLAGS.output:
+        raise UsageError("--input and --output are required (- for stdin / stdout)")
+    from stackft_jax import logs, xla_flags
+
+    logs.setup()
+    xla_flags.apply_cpu_defaults()  # before JAX starts a backend
+    # Every refusal comes before the model is built.
+    source = _open_source()
+    _check_target("output", FLAGS.output)
+    _check_target("scores", FLAGS.scores)
+    examples = None if FLAGS.input == STDIN else inference.read_input(source.task, Path(FLAGS.input))
+    from stackft_jax import compilation_cache, predictions
+
+    compilation_cache.enable(source.config.compilation_cache_dir)
+    predictor = inference.Predictor(source, per_device_batch_size=FLAGS.per_device_batch_size)
+    print(f"{source.path}: {predictor.loaded.which} parameters, task {source.task.name}", file=sys.stderr)
+    if examples is None:
+        out = sys.stdout if FLAGS.output == STDIN else Path(FLAGS.output).open("w")
+        inference.stream(predictor, sys.stdin, lambda r: print(json.dumps(r), file=out, flush=True))
+        return
+    done = predictor.predict(examples)
+    if FLAGS.output == STDIN:
+        for record in done.records:
+            print(json.dumps(record))
+    else:
+        predictions.write(FLAGS.output, done.records)
+    print(f"{len(done.records)} predictions: {FLAGS.output}", file=sys.stderr)
+    if done.scores:
+        print("scores: " + " ".join(f"{k}={v:.4f}" for k, v in done.scores.items()), file=sys.stderr)
+        if FLAGS.scores:
+            Path(FLAGS.scores).write_text(json.dumps(done.scores, indent=2) + "\n")
+    elif FLAGS.scores:
+        print(f"--scores={FLAGS.scores}: the input has no labels, nothing scored", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    app.run(main)
