@@ -76,6 +76,7 @@ def test_memory(tmp_path):
         assert 0 < row["optimizer_state_bytes"] < row["parameter_bytes"]["backbone"]
 
 
+@pytest.mark.slow
 def test_compile_count(tmp_path):
     out = tmp_path / "compile_count.json"
     compile_count.main(["--quick", f"--out={out}"])

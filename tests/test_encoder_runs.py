@@ -1,5 +1,6 @@
 """End to end with a RoBERTa-shaped encoder (random weights, a byte-level BPE tokenizer trained here): a
-pair head and a tagging head under stack_and_finetune, each resumed bit-identically after kills. Then the
+pair head and a tagging head under stack_and_finetune, each resumed bit-identically after kills and
+exported to transformers (RobertaModel loads it, same hidden states). Then the
 families without a pooler (DistilBERT, ELECTRA) through the feature cache, the scalar mix and gradual
 unfreezing, and XLM-R tagging words with a SentencePiece-style tokenizer.
 
@@ -17,9 +18,11 @@ from pathlib import Path
 import pytest
 
 from configs import tiny
+from stackft_jax import trained
 from stackft_jax.data.samples import sample_path
 from stackft_jax.models import bert
 from tests import encoders
+from tests.test_export import _check_encoder, _cli
 from tests.test_train import _assert_same_run
 
 # The tiny config's architecture overrides off: the architecture is the folder's config.json.
@@ -86,6 +89,12 @@ def test_roberta_runs_stack_and_finetune_and_resumes_bit_identically(head, rober
     proc = run_cli(resumed, *args, config=config)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _assert_same_run(uninterrupted, resumed, num_dev_examples=num_dev_examples)
+    # The trained RoBERTa exports as transformers' RobertaModel with its BPE tokenizer.
+    exported = tmp_path / "export"
+    proc = _cli("export", f"--workdir={uninterrupted}", f"--out={exported}")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((exported / "config.json").read_text())["model_type"] == "roberta"
+    _check_encoder(exported, trained.open_workdir(uninterrupted))
 
 
 @pytest.fixture(scope="module")

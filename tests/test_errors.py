@@ -271,6 +271,7 @@ def test_a_grid_workdir_is_bound_to_its_grid_config(tmp_path):
 # --- ensembles -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ensemble_out_refuses_what_it_did_not_write(tmp_path):
     a, b, c = (_write_run(tmp_path / name, key) for name, key in (("a", "a"), ("b", "b"), ("c", "a")))
     before = {p: p.read_bytes() for p in c.rglob("*") if p.is_file()}
@@ -299,6 +300,7 @@ def test_ensemble_out_refuses_what_it_did_not_write(tmp_path):
 # --- signals -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_and_says_how_to_resume(uninterrupted, tmp_path, run_cli):
     proc = run_cli(tmp_path, wait=False)
     deadline = time.time() + 300

@@ -35,8 +35,10 @@ def _check_encoder(folder: Path, source: trained.Source) -> None:
     with torch.no_grad():
         theirs = model.eval()(**encoded, output_hidden_states=True).hidden_states
     loaded = source.load()
+    # RoBERTa's and DistilBERT's tokenizers give no token types: their one type is 0.
+    token_types = encoded.get("token_type_ids", torch.zeros_like(encoded["input_ids"]))
     ours = nnx.merge(loaded.graphdef, loaded.params).backbone(
-        *(jnp.asarray(encoded[k].numpy()) for k in ("input_ids", "token_type_ids", "attention_mask")),
+        *(jnp.asarray(t.numpy()) for t in (encoded["input_ids"], token_types, encoded["attention_mask"])),
         deterministic=True,
     )
     real = encoded["attention_mask"].numpy()[..., None]
@@ -85,6 +87,7 @@ def test_predict_on_the_export_equals_predict_on_the_workdir(exported, uninterru
     assert out.read_bytes() == (uninterrupted / "predictions" / "dev.jsonl").read_bytes()
 
 
+@pytest.mark.slow
 def test_export_never_overwrites_unless_asked(exported, uninterrupted):
     before = (exported / "model.safetensors").read_bytes()
     refused = _cli("export", f"--workdir={uninterrupted}", f"--out={exported}")
@@ -101,6 +104,7 @@ def test_export_never_overwrites_unless_asked(exported, uninterrupted):
     assert restored.returncode == 0 and (exported / "model.safetensors").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_a_new_run_starts_from_the_exported_encoder(exported, run_cli, tmp_path):
     overrides = [f"--config.model.config_overrides.{k}=0" for k in ("hidden_size", "num_hidden_layers")]
     overrides += [

@@ -56,6 +56,7 @@ def test_predict_on_the_dev_file_reproduces_the_runs_predictions_byte_for_byte(u
     assert _snapshot(uninterrupted) == before  # the workdir is read, never written
 
 
+@pytest.mark.slow
 def test_line_inputs_give_label_names_and_refuse_to_overwrite(uninterrupted, tmp_path):
     lines = tmp_path / "pairs.jsonl"
     lines.write_text(
@@ -132,6 +133,7 @@ def test_unfinished_run_needs_a_phase(uninterrupted, tmp_path):
         trained.open_workdir(tmp_path)
 
 
+@pytest.mark.slow
 def test_conll_raw_sentences_get_one_tag_per_word(conll_run, tmp_path):
     dev = sample_path("conll_dev.txt")
     out = tmp_path / "dev.jsonl"
