@@ -220,3 +220,23 @@ def test_every_task_reads_its_line_forms():
         '{"words": ["Peter"], "tags": ["I-PER"]}', index=0, where="f:1"
     )
     assert tagged.tags == ("B-PER",)  # IOB1 read as IOB2, as in files
+
+
+@pytest.mark.slow
+def test_a_labelled_file_scores_as_the_runs_test_file_does(run_cli, tmp_path):
+    """predict on a labelled file equals what `data.test_file` scored in the run: records and scores."""
+    held_out = tmp_path / "held_out.tsv"
+    lines = (FIXTURES / "qqp" / "train.tsv").read_text().splitlines()
+    held_out.write_text("\n".join([lines[0], *lines[-12:]]) + "\n")  # header + 12 labelled pairs
+    workdir = tmp_path / "run"
+    proc = run_cli(workdir, f"--config.data.test_file={held_out}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out, scores = tmp_path / "test.jsonl", tmp_path / "scores.json"
+    proc = _predict_cli(
+        f"--workdir={workdir}", f"--input={held_out}", f"--output={out}", f"--scores={scores}"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes() == (workdir / "predictions" / "test.jsonl").read_bytes()
+    run_scores = json.loads((workdir / "results.json").read_text())["final"]["test"]
+    predicted = json.loads(scores.read_text())
+    assert predicted["accuracy"] == run_scores["accuracy"] and predicted["f1"] == run_scores["f1"]
