@@ -7,7 +7,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from configs import tiny
 from stackft_jax import cli_errors, config_cli, grid, train, workdirs
 from tests.test_ensemble import _write_run
 from tests.test_experiment import _grid
-from tests.test_train import _assert_same_run
+from tests.test_train import _assert_same_run, signal_after_the_first_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 SHORT = "phase1.num_steps=2,phase2.num_steps=2,eval_every_steps=2"
@@ -303,12 +302,7 @@ def test_ensemble_out_refuses_what_it_did_not_write(tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_saves_and_says_how_to_resume(uninterrupted, tmp_path, run_cli):
     proc = run_cli(tmp_path, wait=False)
-    deadline = time.time() + 300
-    while not list((tmp_path / "checkpoints" / "phase1").glob("[0-9]*")):
-        assert proc.poll() is None and time.time() < deadline, "run ended before a checkpoint"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=300)
+    out = signal_after_the_first_checkpoint(proc, tmp_path, signal.SIGINT)
     assert proc.returncode == 130, out[-3000:]
     assert "Traceback" not in out
     assert out.strip().splitlines()[-1].startswith("Ctrl-C: checkpoint saved at phase")

@@ -114,15 +114,22 @@ def test_checkpoints_of_a_phase_started_from_other_frozen_weights_are_refused(
         assert (workdir / "checkpoints" / checkpoint).is_dir()  # kept: nothing saved is lost
 
 
+def signal_after_the_first_checkpoint(proc, workdir: Path, signum: int) -> str:
+    """Sends `signum` to a command-line run (run_cli(..., wait=False)) once its first phase-1
+    checkpoint exists; returns its output."""
+    deadline = time.time() + 300
+    while not list((workdir / "checkpoints" / "phase1").glob("[0-9]*")):
+        assert proc.poll() is None and time.time() < deadline, "run ended before a checkpoint"
+        time.sleep(0.05)
+    proc.send_signal(signum)
+    out, _ = proc.communicate(timeout=300)
+    return out
+
+
 @pytest.mark.slow
 def test_sigterm_saves_and_resumes(uninterrupted, tmp_path, run_cli):
     proc = run_cli(tmp_path, wait=False)
-    deadline = time.time() + 300
-    while not list((tmp_path / "checkpoints" / "phase1").glob("[0-9]*")):
-        assert proc.poll() is None and time.time() < deadline, "run ended before a checkpoint"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=300)
+    out = signal_after_the_first_checkpoint(proc, tmp_path, signal.SIGTERM)
     assert proc.returncode != 0 and "rerun the same command" in out, out
     proc = run_cli(tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
