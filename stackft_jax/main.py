@@ -83,6 +83,14 @@ def main(argv: list[str]) -> None:
         return
     if not FLAGS.workdir:
         raise app.UsageError("--workdir is required")
+    from stackft_jax import spec
+
+    try:
+        # Every check, once, before any work: values out of range or choice, task x head x stop rule,
+        # missing files; named, no traceback.
+        run_spec = spec.resolve(config)
+    except (ValueError, FileNotFoundError) as error:
+        _config_error(error)
     from stackft_jax import xla_flags
 
     xla_flags.apply_cpu_defaults()  # before JAX starts a backend
@@ -104,14 +112,10 @@ def main(argv: list[str]) -> None:
 
     from stackft_jax import checkpointing, compilation_cache, train, workdirs
 
-    try:
-        train.check_config(config)  # values out of range or choice, missing files: named, no traceback
-    except (ValueError, FileNotFoundError) as error:
-        _config_error(error)
-    compilation_cache.enable(config.compilation_cache_dir)  # before anything compiles
+    compilation_cache.enable(run_spec.compilation_cache_dir)  # before anything compiles
     logging.info("JAX process %d/%d, devices: %s", jax.process_index(), jax.process_count(), jax.devices())
     try:
-        results = train.run(config, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
+        results = train.run(run_spec, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
     except (
         workdirs.ConfigMismatch,
         workdirs.WorkdirInUse,

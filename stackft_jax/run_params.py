@@ -22,7 +22,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from stackft_jax import checkpointing, phases, workdirs
+from stackft_jax import checkpointing, phases, spec, workdirs
 from stackft_jax.data import tasks
 from stackft_jax.models import bert
 
@@ -32,14 +32,7 @@ def recorded_config(workdir: str | Path) -> ml_collections.ConfigDict:
     path = Path(workdir) / workdirs.CONFIG_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no recorded config (not a run's workdir)")
-    return config_from_plain(json.loads(path.read_text())["config"])
-
-
-def config_from_plain(plain: dict[str, Any]) -> ml_collections.ConfigDict:
-    """A config from its JSON form (config_cli.to_plain)."""
-    config = ml_collections.ConfigDict(plain)
-    config.phases = [ml_collections.ConfigDict(block) for block in config.phases]  # JSON left them dicts
-    return config
+    return spec.config_from_plain(json.loads(path.read_text())["config"])
 
 
 def phase_names(config: ml_collections.ConfigDict) -> list[str]:

@@ -20,7 +20,7 @@ import jax
 import ml_collections
 from flax import nnx
 
-from stackft_jax import run_params
+from stackft_jax import run_params, spec
 from stackft_jax.data import tasks
 from stackft_jax.data.task_spec import TaskSpec
 from stackft_jax.models import bert
@@ -133,7 +133,7 @@ def open_export(folder: str | Path) -> Source:
             f"--model={folder}: not an export of stackft_jax.export (no {HEAD_CONFIG} and {HEAD_WEIGHTS})"
         )
     record = json.loads(head_config.read_text())
-    config = run_params.config_from_plain(record["config"])
+    config = spec.config_from_plain(record["config"])
     config.model.name_or_path = str(folder)
     task = tasks.get_task(config.data.task).configure(config.data)
     return Source(folder, config, task, True, "last", None, record["run"])

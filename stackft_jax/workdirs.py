@@ -16,7 +16,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -95,17 +95,29 @@ def holds_progress(workdir: Path) -> bool:
     return any((workdir / name).exists() for name in PROGRESS)
 
 
-def bind_config(workdir: Path, record: dict[str, Any], *, allow_change: bool) -> None:
+def bind_config(
+    workdir: Path,
+    record: dict[str, Any],
+    *,
+    allow_change: bool,
+    compare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> None:
     """Records `record` (the config and what else decides results) as the workdir's on its first run;
     on a rerun, refuses a record that differs in a key that changes results, unless `allow_change` (or
     the workdir holds no progress yet), which records the new one and appends the old one to
-    config_history.jsonl."""
+    config_history.jsonl. `compare` maps a record (the recorded one, or `record` itself) to what is
+    compared: train.run resolves both into the keys the run uses (spec.binding_form)."""
     path = workdir / CONFIG_FILE
+    original = record
     # JSON round trip: the comparison sees what a later rerun will read back (tuples become lists).
     record = json.loads(json.dumps(record))
     if path.exists():
         recorded = json.loads(path.read_text())
-        differences = config_differences(recorded, record)
+        differences = (
+            config_differences(recorded, record)
+            if compare is None
+            else config_differences(*(json.loads(json.dumps(compare(r))) for r in (recorded, original)))
+        )
         if not differences:
             return
         if not allow_change and holds_progress(workdir):
