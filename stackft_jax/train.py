@@ -153,6 +153,17 @@ def build_model(
     return model, bert_config
 
 
+def initial_model(
+    run_spec: RunSpec, model_dir: Path, mesh: jax.sharding.Mesh
+) -> tuple[nnx.GraphDef, Any, bert.BertConfig]:
+    """The run's model before its first phase: (graph, parameters replicated over `mesh`, encoder
+    config); what benchmarks build too."""
+    model, bert_config = build_model(run_spec, run_spec.task, model_dir)
+    graphdef, state = nnx.split(model)
+    params = jax.device_put(nnx.to_pure_dict(state), sharding.replicated(mesh))
+    return graphdef, params, bert_config
+
+
 def feature_caches(ctx: Context, phase: phases.Phase, params) -> dict[str, feature_cache.FeatureCache]:
     """The frozen backbone's train and dev features for `phase`, built once per workdir (a resumed
     run reopens them), or once for every run sharing `phase.feature_cache_dir`; the train/dev gap
@@ -664,10 +675,7 @@ def _run(
     with timer.phase("data"):
         datasets = load_datasets(run_spec, task, tokenization.load_tokenizer(model_dir))
     with timer.phase("model_load"):
-        model, bert_config = build_model(run_spec, task, model_dir)
-        graphdef, state = nnx.split(model)
-        params = jax.device_put(nnx.to_pure_dict(state), sharding.replicated(mesh))
-        del model, state
+        graphdef, params, bert_config = initial_model(run_spec, model_dir, mesh)
 
     global_batch = sharding.global_batch_size(run_spec.per_device_batch_size, mesh)
     buckets = batching.length_buckets(run_spec.max_seq_length)
