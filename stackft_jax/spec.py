@@ -122,13 +122,15 @@ class RunSpec:
         ]
 
 
-def resolve(config: ml_collections.ConfigDict, *, check_files: bool = True) -> RunSpec:
+def resolve(config: ml_collections.ConfigDict, *, recorded: bool = False) -> RunSpec:
     """The run `config` describes, every key checked (ConfigError, or FileNotFoundError for a missing
-    data file when `check_files`)."""
+    data file). `recorded`: a config a workdir recorded (run_params, binding), whose files need not
+    exist now and whose refusals that older versions did not make (an alias key beside a written
+    schedule, an inert gap rule) are left out: its run went on without them."""
     _check_options(config)
     task = _task(config)
     head = _head(config, task)
-    written, aliases = _schedule(config)
+    written, aliases = _schedule(config, check_aliases=not recorded)
     data = config.data
     spec = RunSpec(
         strategy=config.strategy,
@@ -173,8 +175,8 @@ def resolve(config: ml_collections.ConfigDict, *, check_files: bool = True) -> R
         aliases=aliases,
         raw=config_cli.to_plain(config),
     )
-    _check_rules_apply(spec)
-    if check_files:
+    if not recorded:
+        _check_rules_apply(spec)
         check_files_exist(spec)
     return spec
 
@@ -261,9 +263,9 @@ def _head(config: ml_collections.ConfigDict, task: TaskSpec) -> ml_collections.C
     return head
 
 
-def _schedule(config: ml_collections.ConfigDict):
+def _schedule(config: ml_collections.ConfigDict, *, check_aliases: bool = True):
     """(written blocks or None, the alias blocks a preset reads); checks every phase's keys."""
-    if config.phases:
+    if config.phases and check_aliases:
         changed = [
             f"config.{alias}.{key}"
             for alias, defaults in phases.ALIAS_DEFAULTS.items()
@@ -364,4 +366,4 @@ def recorded_binding_form(recorded: Mapping[str, Any], current: Mapping[str, Any
     since) takes its value now, a key only the record has (removed since) is dropped."""
     config = config_from_plain(current)
     _overlay(config, recorded)
-    return binding_form(resolve(config, check_files=False))
+    return binding_form(resolve(config, recorded=True))
