@@ -6,7 +6,7 @@
 Timed, interleaved, after one warm-up call of each (compilation excluded from both):
   - dev evaluation: `Evaluator.evaluate` on the dev split already read and encoded, what the run's
     final scoring does (evaluation.py);
-  - predict: `predict.read_input` + `Predictor.predict` (read, tokenize, evaluate, build the records),
+  - predict: `inference.read_input` + `Predictor.predict` (read, tokenize, evaluate, build the records),
     what `python -m stackft_jax.predict` does between loading the model and writing the file.
 Target: predict within 10% of the dev evaluation's examples/s. Writes JSON (--out).
 """
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from benchmarks.machine import load_average, machine_info, write_json
-from stackft_jax import predict, trained
+from stackft_jax import inference, trained
 from stackft_jax.data import task_spec
 
 
@@ -31,9 +31,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     source = trained.open_workdir(args.workdir)
     path = Path(args.input or source.config.data.dev_file)
-    predictor = predict.Predictor(source)
+    predictor = inference.Predictor(source)
     config = source.config
-    examples = predict.read_input(source.task, path)
+    examples = inference.read_input(source.task, path)
     split = task_spec.Split(
         "dev",
         examples,
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> dict:
         predictor.evaluator.evaluate(predictor.params, split, progress=False)
 
     def predict_file() -> None:
-        predictor.predict(predict.read_input(source.task, path), progress=False)
+        predictor.predict(inference.read_input(source.task, path), progress=False)
 
     evaluate(), predict_file()  # compiles every bucket the file needs
     evaluate_s, predict_s = [], []

@@ -40,13 +40,14 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from jax.sharding import Sharding
 
+from stackft_jax import cli_errors
 from stackft_jax.optim import path_str
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class FrozenParametersChanged(RuntimeError):
+class FrozenParametersChanged(cli_errors.DataError):
     """A checkpoint's phase started from other frozen parameters than this run's (or changed them)."""
 
 

@@ -25,13 +25,15 @@ from typing import Any
 
 import ml_collections
 
+from stackft_jax import cli_errors
+
 SHORTHANDS = {"task": "data.task", "head": "head.name"}
 _BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 OVERRIDE_PREFIX = "--config."
 
 
-class ConfigError(ValueError):
-    """A config problem the user fixes on the command line; main.py prints it as one line."""
+class ConfigError(cli_errors.UsageError):
+    """A config problem the user fixes on the command line; the command prints it as one line, exit 2."""
 
 
 def flat_keys(config: ml_collections.ConfigDict, prefix: str = "") -> Iterator[str]:
@@ -141,14 +143,23 @@ def apply_items(
     config: ml_collections.ConfigDict, arg: str | None, presets: Mapping[str, Callable[[Any], None]]
 ) -> None:
     """Applies `preset,key=value,...` in order; presets are functions that edit the config in place."""
+    previous = None
     for item in items_of(arg):
         key, sep, value = item.partition("=")
         if sep:
             set_value(config, key, value)
         elif item in presets:
             presets[item](config)
+        elif previous is not None and "=" in previous:
+            # `data.classes=sports,health`: the comma split a value, not a list of presets.
+            raise ConfigError(
+                f"'{previous},{item}': a config value cannot contain a comma (the items are comma-"
+                f"separated), and {item!r} is no preset; a list value joins its parts with '+' "
+                f"('{previous}+{item}')"
+            )
         else:
             raise ConfigError(f"unknown preset {item!r}; presets of this config file: {sorted(presets)}")
+        previous = item
 
 
 def split_override_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -165,8 +176,18 @@ def split_override_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return overrides, rest
 
 
-def load(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
-    """`FILE.py[:arg]` plus `KEY=VALUE` overrides -> the locked config (a typo is then an error)."""
+# What each command runs, told apart by the grid config's `axes` key: a file given to the other command
+# is named with the command that takes it.
+_COMMANDS = {"run": "python -m stackft_jax.main", "grid": "python -m stackft_jax.experiment"}
+
+
+def _kind_of(config: ml_collections.ConfigDict) -> str:
+    return "grid" if "axes" in config else "run"
+
+
+def load(spec: str, overrides: Sequence[str] = (), *, kind: str | None = None) -> ml_collections.ConfigDict:
+    """`FILE.py[:arg]` plus `KEY=VALUE` overrides -> the locked config (a typo is then an error).
+    `kind` ("run" or "grid"): the config the command takes; a file of the other kind is refused."""
     path, _, arg = spec.partition(":")
     if not Path(path).is_file():
         raise ConfigError(f"--config={spec}: no config file {path!r}")
@@ -175,11 +196,29 @@ def load(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
     module_spec = importlib.util.spec_from_file_location(f"_stackft_config_{Path(path).stem}", path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
+    if not callable(getattr(module, "get_config", None)):
+        raise ConfigError(f"--config={spec}: {path} has no get_config(arg) function; is it a config file?")
     items = ",".join(filter(None, [arg, *overrides]))
-    config = module.get_config(items or None)
+    try:
+        config = module.get_config(items or None)
+    except ConfigError:
+        if kind is not None:  # a grid's keys given to a run config fail first; name the swap instead
+            _check_kind(module.get_config(None), path, kind)
+        raise
+    if kind is not None:
+        _check_kind(config, path, kind)
     _check_applied(config, path, items)
     config.lock()
     return config
+
+
+def _check_kind(config: ml_collections.ConfigDict, path: str, kind: str) -> None:
+    found = _kind_of(config)
+    if found != kind:
+        raise ConfigError(
+            f"--config={path} is a {found} config, and this command runs a {kind} config: run it with "
+            f"`{_COMMANDS[found]} --config={path} --workdir=...`"
+        )
 
 
 def _check_applied(config: ml_collections.ConfigDict, path: str, items: str) -> None:

@@ -6,6 +6,8 @@ A run is finished when its WORKDIR/results.json exists; its WORKDIR/predictions/
 each example's `key`, `label` and `probabilities` (predictions.py). Members must have scored the same
 examples (same keys and labels, on dev and, when any has one, on test), under the same task and label
 names, with class probabilities; anything else is refused with a one-line error (exit status 2).
+So is an --out that exists and is not this ensemble's own earlier output (a finished run, another
+ensemble, any non-empty folder), and a run named twice.
 
 Weights: `equal` (the default), or `dev`: the weights on a 0.1 grid over the simplex (up to
 MAX_DEV_WEIGHTED members) that score best on dev by the task's primary metric, ties going to the
@@ -28,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from stackft_jax import metrics, predictions
+from stackft_jax import cli_errors, metrics, predictions
 from stackft_jax.data import tasks
 
 WEIGHT_RULES = ("equal", "dev")
@@ -37,8 +39,9 @@ MAX_DEV_WEIGHTED = 5  # members; the grid has C(GRID_STEPS + m - 1, m - 1) point
 _TOLERANCE = 1e-9
 
 
-class EnsembleError(ValueError):
-    """Runs that cannot be ensembled; the message names the run and the mismatch."""
+class EnsembleError(cli_errors.UsageError):
+    """Runs that cannot be ensembled, or an --out it must not write; the message names the run and the
+    mismatch (exit 2)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +81,56 @@ def load_member(workdir: str | Path) -> Member:
                 "classification run (ensembles average class probabilities)"
             )
     return Member(workdir, results, records)
+
+
+def _check_distinct(workdirs: Sequence[str | Path]) -> None:
+    seen: dict[Path, str | Path] = {}
+    for workdir in workdirs:
+        first = seen.setdefault(Path(workdir).resolve(), workdir)
+        if first is not workdir:
+            raise EnsembleError(
+                f"--workdirs names {first} twice (as {first} and {workdir}): an ensemble's members are "
+                "different runs; to weight one run more, use --weights=dev"
+            )
+
+
+# What `write` puts in OUT: an existing OUT holding anything else was not written by an ensemble.
+_OUT_ENTRIES = frozenset({"results.json", "predictions", "results.json.tmp"})
+
+
+def check_out(out: str | Path, workdirs: Sequence[str | Path]) -> None:
+    """Refuses an --out that this ensemble did not write itself: a member, a finished run, another
+    ensemble, any non-empty folder. Its own earlier output (the same members) it may write again."""
+    out = Path(out)
+    members = {Path(w).resolve() for w in workdirs}
+    if out.resolve() in members:
+        raise EnsembleError(f"--out={out} is one of the --workdirs; choose a new folder for the ensemble")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise EnsembleError(f"--out={out} is a file; choose a new folder for the ensemble")
+    entries = {p.name for p in out.iterdir()}
+    if not entries:
+        return
+    results_file = out / "results.json"
+    try:
+        earlier = json.loads(results_file.read_text()) if results_file.is_file() else {}
+    except (OSError, ValueError):
+        earlier = {}
+    earlier_members = {Path(m["workdir"]).resolve() for m in earlier.get("members", []) if "workdir" in m}
+    own = entries <= _OUT_ENTRIES and "ensemble" in earlier and earlier_members == members
+    if not own:
+        what = (
+            "another ensemble's output"
+            if "ensemble" in earlier
+            else "a run's results"
+            if "config" in earlier
+            else f"{len(entries)} entries"
+        )
+        raise EnsembleError(
+            f"--out={out} exists and holds {what}, which this ensemble did not write; choose a new "
+            "folder (nothing was written)"
+        )
 
 
 def _check_compatible(members: Sequence[Member]) -> list[str]:
@@ -171,6 +224,7 @@ def ensemble(workdirs: Sequence[str | Path], weights: str = "equal") -> dict[str
         raise EnsembleError(f"--weights={weights}: choose one of {WEIGHT_RULES}")
     if len(workdirs) < 2:
         raise EnsembleError(f"an ensemble needs at least two runs, got {len(workdirs)}: {list(workdirs)}")
+    _check_distinct(workdirs)
     members = [load_member(w) for w in workdirs]
     splits = _check_compatible(members)
     task = tasks.get_task(members[0].task)
@@ -277,6 +331,7 @@ def table(ensembled: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@cli_errors.guarded  # a user's mistake: one line and its exit status (cli_errors.py)
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m stackft_jax.ensemble", description=__doc__.splitlines()[0]
@@ -286,12 +341,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--weights", default="equal", choices=WEIGHT_RULES, help="equal, or chosen on dev")
     args = parser.parse_args(argv)
     workdirs = [w for w in args.workdirs.split(",") if w]
-    if Path(args.out).resolve() in {Path(w).resolve() for w in workdirs}:
-        parser.exit(2, f"error: --out={args.out} is one of the --workdirs\n")
-    try:
-        ensembled = ensemble(workdirs, weights=args.weights)
-    except EnsembleError as error:
-        parser.exit(2, f"error: {error}\n")
+    check_out(args.out, workdirs)
+    ensembled = ensemble(workdirs, weights=args.weights)
     results_file = write(args.out, ensembled)
     print(table(ensembled))
     print(f"weights: {ensembled['weights']}  ({results_file})")

@@ -34,6 +34,13 @@ seed, so a grid cut short still has comparable cells. `--shard=i/N` runs the cel
 in that order is i mod N: N machines over one shared workdir (or merged later) split a grid; the report
 is written by whichever finds every run finished.
 
+A grid workdir belongs to its grid config as a run workdir to its run config: WORKDIR/grid_config.json
+records it, and a rerun with another (another base, axes, seeds, metric, ...) is refused before any
+work, naming the differing keys; `--allow_config_change` goes on with the new one on purpose (runs whose
+cell config changed then resume under the new values; the ensembles are rebuilt). Every cell, the
+metric, the baseline, the ensembles and the seed count are checked before the first cell trains; an axis
+over `seed` is refused (the grid sets it).
+
 Runs with `phase1.feature_cache=True` and no `phase1.feature_cache_dir` of their own share
 WORKDIR/feature_cache: the frozen backbone's features are built once for all cells and seeds with the
 same backbone and data (pretrained weights; a random init differs per seed), so later stack-only and
@@ -45,18 +52,21 @@ import sys
 
 from absl import app, flags
 
-from stackft_jax import config_cli
-from stackft_jax.grid import parse_shard, run_grid
+from stackft_jax import cli_errors, config_cli
+from stackft_jax.grid import parse_shard, plan_grid, run_grid
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("config", None, "grid config file, FILE.py[:presets,key=value,...]")
 flags.DEFINE_string("workdir", None, "the grid's directory: runs/ and the report")
 flags.DEFINE_string("shard", "0/1", "run only the cell-seeds at positions i mod N")
 flags.DEFINE_bool("report_only", False, "write the report of the finished runs, train nothing")
+flags.DEFINE_bool(
+    "allow_config_change",
+    False,
+    "Go on with a grid workdir although its recorded grid config differs (the new one is recorded, "
+    "the old one kept in grid_config_history.jsonl); its runs may then change config too.",
+)
 
-
-# A bad grid or cell config (named by key and run), a missing file or unfinished run (named by path).
-EXPLAINED_ERRORS = (config_cli.ConfigError, FileNotFoundError)
 _OVERRIDES: list[str] = []  # the `--config.KEY=VALUE` items, taken out of argv before absl parses it
 
 
@@ -65,29 +75,31 @@ def _parse_flags(argv: list[str]) -> list[str]:
         _OVERRIDES[:], rest = config_cli.split_override_flags(argv)
     except config_cli.ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(cli_errors.EXIT_USAGE)
     return app.parse_flags_with_usage(rest)
 
 
+@cli_errors.guarded  # a user's mistake: one line and its exit status (cli_errors.py)
 def main(argv: list[str]) -> None:
-    from stackft_jax import experiment_report
+    from stackft_jax import experiment_report, logs
 
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from stackft_jax import workdirs
-
-    try:
-        grid = config_cli.load(FLAGS.config, _OVERRIDES)
-        shard = parse_shard(FLAGS.shard)
-        done = FLAGS.report_only or run_grid(grid, FLAGS.workdir, shard=shard)
-        if done:  # --report_only over an unfinished grid names the missing run
-            print(f"report: {experiment_report.write_report(grid, FLAGS.workdir)}")
-    except EXPLAINED_ERRORS + (workdirs.ConfigMismatch, workdirs.WorkdirInUse) as error:
-        # Problems the message fully explains (every cell's config is checked before any trains).
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+    logs.setup()
+    grid = config_cli.load(FLAGS.config, _OVERRIDES, kind="grid")
+    shard = parse_shard(FLAGS.shard)
+    # Every cell, metric and value checked, and the workdir bound to this grid, before any run trains.
+    allow = FLAGS.allow_config_change
+    if FLAGS.report_only:
+        plan_grid(grid, FLAGS.workdir, allow_config_change=allow)
+        done = True
+    else:
+        done = run_grid(grid, FLAGS.workdir, shard=shard, allow_config_change=allow)
     if not done:
         print(f"shard {FLAGS.shard} finished; the report is written once every shard has")
+        return
+    # --report_only over an unfinished grid names the missing run
+    print(f"report: {experiment_report.write_report(grid, FLAGS.workdir)}")
 
 
 if __name__ == "__main__":

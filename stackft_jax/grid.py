@@ -5,8 +5,10 @@ The grid config's keys and the command are described in experiment.py.
 
 import dataclasses
 import itertools
+import json
 import logging
 import re
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -192,35 +194,125 @@ def share_feature_cache(config: ml_collections.ConfigDict, workdir: str | Path) 
             block.feature_cache_dir = str(Path(workdir) / "feature_cache")
 
 
-def run_grid(
-    grid: ml_collections.ConfigDict, workdir: str | Path, *, shard: tuple[int, int] = (0, 1)
-) -> bool:
-    """Runs this shard's unfinished cell-seeds; True when every run of the grid (all shards) is finished."""
-    index, count = shard
+# Keys the grid sets itself in every run: an axis over one would be overridden without a word.
+GRID_SET_KEYS = ("seed",)
+
+
+def check_grid(grid: ml_collections.ConfigDict) -> None:
+    """The grid's own keys (not its cells'): seed count, axes over keys the grid sets."""
+    if grid.num_seeds < 1:
+        raise config_cli.ConfigError(f"config key 'num_seeds' = {grid.num_seeds}: run at least 1 seed")
+    for key, values in _parse_axes(grid.axes):
+        set_keys = {key} | {item.split("=", 1)[0].strip() for _, items in values for item in items}
+        overridden = sorted(set_keys & set(GRID_SET_KEYS))
+        if overridden:
+            raise config_cli.ConfigError(
+                f"config key 'axes': axis {key} sets {overridden[0]}, which the grid sets itself "
+                f"(seeds 0..num_seeds-1 per cell); raise num_seeds instead"
+            )
+
+
+def check_metric(grid: ml_collections.ConfigDict, configs: Mapping[Run, ml_collections.ConfigDict]) -> None:
+    """The grid's `metric` must be one every cell's task scores (results.json's `final.dev`)."""
+    from stackft_jax.data import tasks
+
+    for run, config in configs.items():
+        task = tasks.get_task(config.data.task).configure(config.data)
+        scored = [*task.metrics, "loss"]  # every run also reports its dev loss
+        if grid.metric not in scored:
+            raise config_cli.ConfigError(
+                f"config key 'metric' = {grid.metric!r}: grid run {run.name} (data.task={task.name}) "
+                f"scores {scored}; choose one of those"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class GridPlan:
+    """A grid whose every cell, metric, baseline and ensemble is checked, bound to its workdir."""
+
+    grid: ml_collections.ConfigDict
+    workdir: Path
+    runs: list[Run]
+    configs: dict[Run, ml_collections.ConfigDict]
+    allow_config_change: bool = False
+
+
+def plan_grid(
+    grid: ml_collections.ConfigDict, workdir: str | Path, *, allow_config_change: bool = False
+) -> GridPlan:
+    """Checks everything that can be checked before a run trains (a typo in cell 11 fails before cell 1
+    trains), then binds the workdir to the grid config (workdirs.GRID): a grid workdir rerun with
+    another grid config is refused, naming the differing keys, unless `allow_config_change`."""
+    workdir = Path(workdir)
+    if "axes" not in grid or "base" not in grid:
+        raise config_cli.ConfigError(
+            "a run config, not a grid config (no `axes`/`base`): run it with python -m stackft_jax.main"
+        )
+    check_grid(grid)
     runs = runs_of(grid)
     baseline_of(grid)
     ensembles = ensembles_of(grid)
     configs = {run: run_config(grid, run) for run in runs}  # every cell's keys checked up front
     for config in configs.values():
         share_feature_cache(config, workdir)
-    from stackft_jax import compilation_cache, train  # jax starts only once the grid is known to be valid
+    from stackft_jax import train, workdirs  # jax starts only once the grid is known to be valid
 
     for run, config in configs.items():  # values and files too: cell 11's typo fails before cell 1 trains
         try:
             train.check_config(config)
         except (ValueError, FileNotFoundError) as error:
             raise config_cli.ConfigError(f"grid run {run.name}: {error}") from None
+    check_metric(grid, configs)
     check_ensembles(grid, ensembles, configs)
+    changed = workdirs.bind_config(
+        workdir,
+        {"grid": config_cli.to_plain(grid)},
+        allow_change=allow_config_change,
+        binding=workdirs.GRID,
+    )
+    if changed and (workdir / "ensembles").exists():  # built from the old grid's runs; the report rebuilds
+        shutil.rmtree(workdir / "ensembles")
+    return GridPlan(grid, workdir, runs, configs, allow_config_change)
 
-    if runs:  # the cells share their shapes: a cell's later seeds (and a resumed grid) compile nothing
-        compilation_cache.enable(configs[runs[0]].compilation_cache_dir)
+
+def _finished(run_dir: Path, config: ml_collections.ConfigDict) -> bool:
+    """The run has results, of this config (a grid continued with --allow_config_change reruns a run
+    whose cell's config changed: it resumes under the new values, as its workdir records)."""
+    from stackft_jax import workdirs
+
+    if not (run_dir / "results.json").exists():
+        return False
+    recorded = run_dir / workdirs.CONFIG_FILE
+    if not recorded.exists():
+        return True
+    old = {"config": json.loads(recorded.read_text())["config"]}
+    return not workdirs.config_differences(
+        old, json.loads(json.dumps({"config": config_cli.to_plain(config)}))
+    )
+
+
+def run_grid(
+    grid: ml_collections.ConfigDict,
+    workdir: str | Path,
+    *,
+    shard: tuple[int, int] = (0, 1),
+    allow_config_change: bool = False,
+) -> bool:
+    """Runs this shard's unfinished cell-seeds; True when every run of the grid (all shards) is finished."""
+    plan = plan_grid(grid, workdir, allow_config_change=allow_config_change)
+    from stackft_jax import compilation_cache, train
+
+    index, count = shard
+    runs, configs = plan.runs, plan.configs
+    # The cells share their shapes: a cell's later seeds (and a resumed grid) compile nothing.
+    compilation_cache.enable(configs[runs[0]].compilation_cache_dir)
     for position, run in enumerate(runs):
-        run_dir = Path(workdir) / "runs" / run.name
-        if position % count != index or (run_dir / "results.json").exists():
+        run_dir = plan.workdir / "runs" / run.name
+        if position % count != index or _finished(run_dir, configs[run]):
             continue
         log.info("grid run %d/%d: %s", position + 1, len(runs), run.name)
-        train.run(configs[run], run_dir)
-    return all((Path(workdir) / "runs" / run.name / "results.json").exists() for run in runs)
+        train.run(configs[run], run_dir, allow_config_change=allow_config_change)
+    return all(_finished(plan.workdir / "runs" / run.name, configs[run]) for run in runs)
 
 
 def parse_shard(text: str) -> tuple[int, int]:

@@ -7,11 +7,10 @@ as `--config=FILE.py:preset,key=value` or `--config.key=value` (config_cli.py); 
 import logging
 import os
 import sys
-from typing import NoReturn
 
 from absl import app, flags
 
-from stackft_jax import config_cli
+from stackft_jax import cli_errors, config_cli
 
 # Config files import `configs.common`; make the checkout they live in importable.
 sys.path.insert(0, os.getcwd())
@@ -55,48 +54,33 @@ flags.DEFINE_bool(
 )
 
 
-def _config_error(error: Exception) -> NoReturn:
-    """A config the user fixes on the command line: one line, exit status 2 (a usage error)."""
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(2)
-
-
 def _parse_flags(argv: list[str]) -> list[str]:
     try:
         _OVERRIDES[:], rest = config_cli.split_override_flags(argv)
     except config_cli.ConfigError as error:
-        _config_error(error)
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(cli_errors.EXIT_USAGE)
     return app.parse_flags_with_usage(rest)
 
 
+@cli_errors.guarded  # a user's mistake: one line and its exit status (cli_errors.py)
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if not FLAGS.config:
         raise app.UsageError("--config=FILE.py is required")
-    try:
-        config = config_cli.load(FLAGS.config, _OVERRIDES)
-    except config_cli.ConfigError as error:
-        _config_error(error)
+    config = config_cli.load(FLAGS.config, _OVERRIDES, kind="run")
     if FLAGS.show_config:
         config_cli.show(config)
         return
     if not FLAGS.workdir:
         raise app.UsageError("--workdir is required")
-    from stackft_jax import spec
-
-    try:
-        # Every check, once, before any work: values out of range or choice, task x head x stop rule,
-        # missing files; named, no traceback.
-        run_spec = spec.resolve(config)
-    except (ValueError, FileNotFoundError) as error:
-        _config_error(error)
     from stackft_jax import xla_flags
 
     xla_flags.apply_cpu_defaults()  # before JAX starts a backend
     import jax
 
-    from stackft_jax import distributed
+    from stackft_jax import distributed, logs
 
     if FLAGS.distributed or FLAGS.coordinator_address:
         try:
@@ -106,24 +90,17 @@ def main(argv: list[str]) -> None:
                 process_id=FLAGS.process_id,
             )
         except ValueError as error:  # an incomplete coordinator setting
-            raise SystemExit(f"error: {error}") from None
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    logging.getLogger("absl").setLevel(logging.WARNING)
+            raise cli_errors.UsageError(str(error)) from None
+    logs.setup()
 
-    from stackft_jax import checkpointing, compilation_cache, train, workdirs
+    from stackft_jax import compilation_cache, spec, train
 
+    # Every check, once, before any work: values out of range or choice, task x head x stop rule,
+    # missing files; named in one line, no traceback.
+    run_spec = spec.resolve(config)
     compilation_cache.enable(run_spec.compilation_cache_dir)  # before anything compiles
     logging.info("JAX process %d/%d, devices: %s", jax.process_index(), jax.process_count(), jax.devices())
-    try:
-        results = train.run(run_spec, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
-    except (
-        workdirs.ConfigMismatch,
-        workdirs.WorkdirInUse,
-        checkpointing.FrozenParametersChanged,
-        FloatingPointError,
-    ) as error:
-        # Refusals and stops the message fully explains: no traceback to scroll past.
-        raise SystemExit(f"error: {error}") from None
+    results = train.run(run_spec, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
     if jax.process_index() == 0:
         final = " ".join(
             f"{split}.{k}={v:.4f}" for split, vals in results["final"].items() for k, v in vals.items()

@@ -24,12 +24,14 @@ from stackft_jax.config_cli import ConfigError
 from stackft_jax.data import tasks
 from stackft_jax.data.task_spec import TaskSpec
 from stackft_jax.models import heads
-from stackft_jax.objectives import CLASSIFICATION, WORD_TAGGING
+from stackft_jax.objectives import CLASSIFICATION
 
 SPLITS = ("train", "dev", "test")
 FINAL_PARAMS = ("last", "best")
 MODEL_INITS = ("pretrained", "random")
 MODEL_DTYPES = ("float32", "bfloat16")
+# The shortest max_seq_length that leaves room for text: [CLS] a [SEP] b [SEP] takes 3 special tokens.
+MIN_SEQ_LENGTH = 8
 _POSITIVE = (
     "log_every_steps",
     "eval_every_steps",
@@ -205,6 +207,17 @@ def _check_options(config: ml_collections.ConfigDict) -> None:
     for key in _POSITIVE:
         if config[key] <= 0:
             raise ConfigError(f"config.{key} must be positive, got {config[key]}")
+    if config.keep_checkpoints < 1:  # 0 would keep none, and a killed run could not resume
+        raise ConfigError(
+            f"config.keep_checkpoints={config.keep_checkpoints}: keep at least 1 (the run resumes from it)"
+        )
+    if config.seed < 0:
+        raise ConfigError(f"config.seed={config.seed}: choose a seed of 0 or more")
+    if config.max_seq_length < MIN_SEQ_LENGTH:
+        raise ConfigError(
+            f"config.max_seq_length={config.max_seq_length}: at least {MIN_SEQ_LENGTH} tokens, so that "
+            "text fits beside [CLS] and [SEP]"
+        )
     architecture = {k for k, v in config.model.config_overrides.items() if v}
     if config.model.init == "pretrained" and architecture:
         raise ConfigError(
@@ -229,26 +242,14 @@ def _task(config: ml_collections.ConfigDict) -> TaskSpec:
 
 def _head(config: ml_collections.ConfigDict, task: TaskSpec) -> ml_collections.ConfigDict:
     """The chosen head's settings, checked against the task (what it reads, what it outputs)."""
+    heads.check_head(config.head)  # a registered name (with a close match)
+    heads.check_fits(config.head, task.objective, task_name=task.name)  # words vs sentences
     name = config.head.name
-    if name not in heads.HEADS:
+    if heads.head_input(name) == heads.PAIR and not getattr(task, "sentence_pair", False):
         raise ConfigError(
-            f"config.head.name={name!r} is not a registered head; choose from {sorted(heads.HEADS)}"
-        )
-    reads = heads.head_input(name)
-    tagging = task.objective is WORD_TAGGING
-    where = f"config.head.name={name!r} with config.data.task={config.data.task!r}"
-    if reads == heads.WORDS and not tagging:
-        raise ConfigError(
-            f"{where}: a word-tagging head on a {task.objective.name} task; choose e.g. cls_mlp"
-        )
-    if reads != heads.WORDS and tagging:
-        raise ConfigError(
-            f"{where}: a word-tagging task needs a tagging head (token_mlp, bilstm, bilstm_crf, crf)"
-        )
-    if reads == heads.PAIR and not getattr(task, "sentence_pair", False):
-        raise ConfigError(
-            f"{where}: the head compares two sentences and the task gives one text per example; "
-            "choose e.g. cls_mlp, linear, densenet or highway_lstm"
+            f"config.head.name={name!r} with config.data.task={config.data.task!r}: the head compares two "
+            "sentences and the task gives one text per example; choose e.g. cls_mlp, linear, densenet or "
+            "highway_lstm"
         )
     head = ml_collections.ConfigDict(
         {"name": name, "dropout_rate": config.head.dropout_rate, name: config.head[name].to_dict()}

@@ -487,10 +487,8 @@ def run_phase(
         if stop_now:
             checkpoints.close()
             best_checkpoint.close()
-            preemption.acknowledge()
-            raise preemption.Preempted(
-                f"SIGTERM: checkpoint saved at {phase.name} step {step}; rerun the same command to resume"
-            )
+            progress.close()  # before the message, so that it is the last line
+            raise preemption.stopped(f"{phase.name} step {step}")
         if preemption.kill_requested(phase.name, step):
             os.kill(os.getpid(), signal.SIGKILL)
     progress.close()
@@ -645,7 +643,11 @@ def run(
                     ) from None
             return {**form, "global_batch_size": r.get("global_batch_size")}
 
-        workdirs.bind_config(workdir, record, allow_change=allow_config_change, compare=binding)
+        changed = workdirs.bind_config(workdir, record, allow_change=allow_config_change, compare=binding)
+        if workdirs.restarts(changed):  # another phase plan: the old one's checkpoints and best go
+            workdirs.set_aside_progress(workdir, f"--allow_config_change changed {sorted(changed)[0]}")
+        data_files = {f"data.{split}_file": run_spec.data.file(split) for split in SPLITS}
+        workdirs.bind_data(workdir, data_files, allow_change=allow_config_change)
         with timing.RunTimer() as timer:
             results = _run(run_spec, workdir, mesh, timer, observer or LoopObserver())
             if jax.process_index() == 0:
@@ -727,7 +729,8 @@ def _run(
         else:
             ctx.observer.phase_started(phase.name)
             try:
-                with timer.phase("train_steps"):  # less its evaluations, checkpoints and compilations
+                # Ctrl-C in a phase saves like SIGTERM (preemption.py).
+                with timer.phase("train_steps"), preemption.sigint_saves():  # less evals, saves, compiles
                     params, record = run_phase(
                         ctx, phase, index, params, global_offset, best, trained=trained, frozen=frozen
                     )

@@ -21,6 +21,7 @@ import ml_collections
 from flax import nnx
 
 from stackft_jax import run_params, spec
+from stackft_jax.cli_errors import DataError, UsageError
 from stackft_jax.data.task_spec import TaskSpec
 from stackft_jax.models import bert
 
@@ -85,15 +86,15 @@ def open_workdir(workdir: str | Path, *, params: str | None = None, phase: str |
     results_file = workdir / "results.json"
     results = json.loads(results_file.read_text()) if results_file.is_file() else None
     if params is not None and params not in PARAMS:
-        raise ValueError(f"--params={params}: choose one of {PARAMS}")
+        raise UsageError(f"--params={params}: choose one of {PARAMS}")
     if phase is not None:
         if params is not None:
-            raise ValueError(
+            raise UsageError(
                 "--phase names a phase's end parameters; --params picks a finished run's: give one"
             )
         names = run_params.phase_names(config)
         if phase not in names:
-            raise ValueError(f"--phase={phase}: the run's phases are {names}")
+            raise UsageError(f"--phase={phase}: the run's phases are {names}")
         from stackft_jax import checkpointing
 
         unfinished = [
@@ -102,18 +103,18 @@ def open_workdir(workdir: str | Path, *, params: str | None = None, phase: str |
             if not checkpointing.phase_end_path(workdir, n).is_dir()
         ]
         if unfinished:
-            raise ValueError(f"--phase={phase}: {workdir} has not finished {unfinished[0]} yet")
+            raise UsageError(f"--phase={phase}: {workdir} has not finished {unfinished[0]} yet")
         return Source(workdir, config, task, False, "last", phase, results)
     if results is None:
         finished = [n for n in run_params.phase_names(config) if _phase_done(workdir, n)]
-        raise ValueError(
+        raise UsageError(
             f"{workdir}: the run has not finished (no results.json); name a finished phase with --phase"
             + (f" (finished: {', '.join(finished)})" if finished else " (none has finished yet)")
         )
     if params is None:
         params = "best" if str(results.get("final_params", "last")).startswith("best") else "last"
     if params == "best" and not (workdir / "checkpoints" / "best").is_dir():
-        raise ValueError(f"--params=best: {workdir} has no best checkpoint (checkpoints/best)")
+        raise UsageError(f"--params=best: {workdir} has no best checkpoint (checkpoints/best)")
     return Source(workdir, config, task, False, params, None, results)
 
 
@@ -155,12 +156,12 @@ def _read_head(path: Path, like: dict[str, Any]) -> dict[str, Any]:
     expected = flat_head(like)
     if set(stored) != set(expected):
         missing, extra = sorted(set(expected) - set(stored)), sorted(set(stored) - set(expected))
-        raise ValueError(
+        raise DataError(
             f"{path}: head parameters differ from the model's: missing {missing}, unexpected {extra}"
         )
     for name, value in stored.items():
         if value.shape != tuple(expected[name].shape):
-            raise ValueError(
+            raise DataError(
                 f"{path}: {name} has shape {value.shape}, the model {tuple(expected[name].shape)}"
             )
     leaves_with_path = jax.tree_util.tree_leaves_with_path(like)

@@ -2,15 +2,21 @@
 
     WORKDIR/config.json            the first run's config (plus the global batch size it trained with)
     WORKDIR/config_history.jsonl   configs replaced by a rerun with --allow_config_change
+    WORKDIR/data_files.json        size, modification time and sha256 of each split file the run read
+    WORKDIR/replaced-<time>/       a run's progress set aside when --allow_config_change changed its
+                                   strategy or phases (the new plan starts from scratch)
     WORKDIR/locks/process-<i>.lock held by process i of the live run (an flock: the kernel releases it
                                    when the process dies, so a killed run never blocks its rerun)
 
 A rerun resumes only the run its workdir belongs to: if a key that changes results differs from the
-recorded config, the rerun is refused before any work, with the differing keys listed.
+recorded config, or a data file's content changed, the rerun is refused before any work, naming the
+differing keys or the file. A grid workdir is bound to its grid config the same way (GRID below).
 """
 
 import contextlib
+import dataclasses
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -21,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import jax
+
+from stackft_jax import cli_errors
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +52,12 @@ RESULT_NEUTRAL_KEYS = frozenset(
 )
 
 
-class WorkdirInUse(RuntimeError):
+class WorkdirInUse(cli_errors.UsageError):
     """Another live process holds the workdir."""
 
 
-class ConfigMismatch(ValueError):
-    """The workdir belongs to a run with another config."""
+class ConfigMismatch(cli_errors.UsageError):
+    """The workdir belongs to a run with another config, or read other data."""
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -66,7 +74,9 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def config_differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, tuple]:
+def config_differences(
+    recorded: Mapping[str, Any], current: Mapping[str, Any], *, neutral: frozenset[str] = RESULT_NEUTRAL_KEYS
+) -> dict[str, tuple]:
     """{key: (recorded value, current value)} for every key that changes results and differs (a key
     present on one side only shows `<absent>` on the other)."""
     old, new = flatten(recorded), flatten(current)
@@ -74,7 +84,7 @@ def config_differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) 
     return {
         key: (old.get(key, absent), new.get(key, absent))
         for key in sorted(old.keys() | new.keys())
-        if key not in RESULT_NEUTRAL_KEYS
+        if key not in neutral
         and not (key.startswith("config.phases.") and key.endswith(".feature_cache_dir"))
         and old.get(key, absent) != new.get(key, absent)
     }
@@ -95,48 +105,146 @@ def holds_progress(workdir: Path) -> bool:
     return any((workdir / name).exists() for name in PROGRESS)
 
 
+@dataclasses.dataclass(frozen=True)
+class Binding:
+    """What a workdir of one kind records and compares: a run's config, or a grid's."""
+
+    what: str  # "a run", "a grid": in the refusal
+    config_file: str
+    history_file: str
+    neutral_keys: frozenset[str]  # keys that may differ on a rerun
+    progress: tuple[str, ...]  # entries that show the workdir did work
+
+
+RUN = Binding("a run", CONFIG_FILE, HISTORY_FILE, RESULT_NEUTRAL_KEYS, PROGRESS)
+# A grid's cells are runs; its report, ensembles and paper figures come from them. `paper_results`
+# only labels the report.
+GRID = Binding(
+    "a grid",
+    "grid_config.json",
+    "grid_config_history.jsonl",
+    frozenset({"grid.paper_results"}),
+    ("runs", "ensembles", "report.json", "report.md"),
+)
+
+
 def bind_config(
     workdir: Path,
     record: dict[str, Any],
     *,
     allow_change: bool,
+    binding: Binding = RUN,
     compare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-) -> None:
+) -> dict[str, tuple]:
     """Records `record` (the config and what else decides results) as the workdir's on its first run;
     on a rerun, refuses a record that differs in a key that changes results, unless `allow_change` (or
-    the workdir holds no progress yet), which records the new one and appends the old one to
-    config_history.jsonl. `compare` maps a record (the recorded one, or `record` itself) to what is
-    compared: train.run resolves both into the keys the run uses (spec.binding_form)."""
-    path = workdir / CONFIG_FILE
+    the workdir holds no progress yet), which records the new one and appends the old one to the
+    history file. Returns the differences it allowed ({}: none). `compare` maps a record (the recorded
+    one, or `record` itself) to what is compared: train.run resolves both into the keys the run uses
+    (spec.binding_form)."""
     original = record
+    workdir = Path(workdir)
+    path = workdir / binding.config_file
     # JSON round trip: the comparison sees what a later rerun will read back (tuples become lists).
     record = json.loads(json.dumps(record))
+    differences: dict[str, tuple] = {}
     if path.exists():
         recorded = json.loads(path.read_text())
         differences = (
-            config_differences(recorded, record)
+            config_differences(recorded, record, neutral=binding.neutral_keys)
             if compare is None
-            else config_differences(*(json.loads(json.dumps(compare(r))) for r in (recorded, original)))
+            else config_differences(
+                *(json.loads(json.dumps(compare(r))) for r in (recorded, original)),
+                neutral=binding.neutral_keys,
+            )
         )
         if not differences:
-            return
-        if not allow_change and holds_progress(workdir):
+            return {}
+        progress = any((workdir / name).exists() for name in binding.progress)
+        if not allow_change and progress:
             listed = "\n".join(
                 f"  {key}: {old!r} recorded, {new!r} now" for key, (old, new) in differences.items()
             )
             raise ConfigMismatch(
-                f"{workdir} belongs to a run with another config; rerunning into it would mix the two "
-                f"runs' checkpoints and results. Keys that differ:\n{listed}\n"
-                "Use a new --workdir for the new config, or pass --allow_config_change (train.run: "
-                "allow_config_change=True) to continue this run with the new values on purpose."
+                f"{workdir} belongs to {binding.what} with another config; rerunning into it would mix "
+                f"the old and new results. Keys that differ:\n{listed}\n"
+                "Use a new --workdir for the new config, or pass --allow_config_change (in Python: "
+                "allow_config_change=True) to continue with the new values on purpose."
             )
         if not allow_change:
             log.warning("%s: replacing the config of a run that did no work (%s)", workdir, list(differences))
         if jax.process_index() == 0:
-            with (workdir / HISTORY_FILE).open("a") as f:
+            with (workdir / binding.history_file).open("a") as f:
                 f.write(json.dumps({"replaced_at": time.time(), "record": recorded}) + "\n")
     if jax.process_index() == 0:
+        workdir.mkdir(parents=True, exist_ok=True)
         _write_json_atomically(path, record)
+    return differences
+
+
+# Keys whose change makes another phase plan: the old plan's checkpoints and best must not be resumed.
+RESTARTING_PREFIXES = ("config.strategy", "config.phases.", "config.unfreezing.")
+
+
+def restarts(differences: Mapping[str, tuple]) -> bool:
+    return any(key == p or key.startswith(p) for key in differences for p in RESTARTING_PREFIXES)
+
+
+def set_aside_progress(workdir: Path, reason: str) -> Path | None:
+    """Moves the run's checkpoints, metrics, predictions and results to WORKDIR/replaced-<time>/ (kept,
+    not deleted), so a new phase plan starts from scratch. Feature caches stay (keyed by backbone)."""
+    moving = [workdir / name for name in PROGRESS if name != "feature_cache" and (workdir / name).exists()]
+    if not moving or jax.process_index() != 0:
+        return None
+    target = workdir / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+    target.mkdir(parents=True, exist_ok=True)
+    for path in moving:
+        os.replace(path, target / path.name)
+    log.warning(
+        "%s: %s; the earlier run's progress is moved to %s and this one starts over", workdir, reason, target
+    )
+    return target
+
+
+DATA_FILE = "data_files.json"
+
+
+def _fingerprint(path: Path, recorded: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Size, mtime and sha256 of a file; an unchanged size and mtime reuse the recorded hash."""
+    stat = path.stat()
+    if recorded and recorded.get("bytes") == stat.st_size and recorded.get("mtime_ns") == stat.st_mtime_ns:
+        return dict(recorded)
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return {"path": str(path), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": h.hexdigest()}
+
+
+def bind_data(workdir: Path, files: Mapping[str, str], *, allow_change: bool) -> None:
+    """Records a fingerprint of each split file (`{"data.dev_file": path}`) on the first run; a rerun
+    over a file whose content changed is refused, naming it, unless `allow_change` or no progress yet:
+    the run's checkpoints, best and metrics came from the old content."""
+    workdir = Path(workdir)
+    path = workdir / DATA_FILE
+    recorded = json.loads(path.read_text()) if path.exists() else {}
+    current = {
+        key: _fingerprint(Path(file), recorded.get(key))
+        for key, file in files.items()
+        if file and Path(file).is_file()
+    }
+    if not allow_change and holds_progress(workdir):
+        for key, now in current.items():
+            old = recorded.get(key)
+            if old and old["path"] == now["path"] and old["sha256"] != now["sha256"]:
+                raise ConfigMismatch(
+                    f"config.{key} = {now['path']!r} changed since this workdir's run read it "
+                    f"({old['bytes']} -> {now['bytes']} bytes, sha256 {old['sha256'][:12]} -> "
+                    f"{now['sha256'][:12]}); its checkpoints and metrics come from the old content. "
+                    "Restore the file, use a new --workdir, or pass --allow_config_change to go on."
+                )
+    if current != recorded and jax.process_index() == 0:
+        _write_json_atomically(path, current)
 
 
 @contextlib.contextmanager

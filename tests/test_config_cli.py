@@ -272,13 +272,14 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
         ),
         (
             ["--config=configs/tiny.py:head=bilstm"],
-            "config.head.name='bilstm' with config.data.task='qqp': a word-tagging head on a "
-            "classification task; choose e.g. cls_mlp",
+            "config.head.name='bilstm' is a word tagging head, and data.task='qqp' is a classification "
+            "task: choose one of ['bimpm', 'bimpm_no_context', 'cls_mlp', 'densenet', 'esim', "
+            "'highway_lstm', 'linear', 'sim_transformer']",
         ),
         (
             ["--config=configs/tiny.py:conll,head=cls_mlp"],
-            "config.head.name='cls_mlp' with config.data.task='conll2003': a word-tagging task needs a "
-            "tagging head (token_mlp, bilstm, bilstm_crf, crf)",
+            "config.head.name='cls_mlp' is a sentence head, and data.task='conll2003' is a word_tagging "
+            "task: choose one of ['bilstm', 'bilstm_crf', 'crf', 'token_mlp']",
         ),
         (
             # An alias key next to a written schedule would be ignored.

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from stackft_jax import export, train, trained
+from stackft_jax import hf_export, train, trained
 from stackft_jax.data import tasks
 
 torch = pytest.importorskip("torch")
@@ -147,10 +147,10 @@ def test_a_cls_tanh_head_as_wide_as_bert_is_bert_for_sequence_classification(tmp
     source, loaded = _random_source(tmp_path, "", **{"head.cls_mlp.hidden_dim": 32})
     folder = tmp_path / "export"
     folder.mkdir()
-    record = export.write(source, loaded, folder)
+    record = hf_export.write(source, loaded, folder)
     assert record["transformers_task_model"] == "BertForSequenceClassification"
     model, info = transformers.AutoModelForSequenceClassification.from_pretrained(
-        folder / export.TASK_MODEL_DIR, output_loading_info=True
+        folder / hf_export.TASK_MODEL_DIR, output_loading_info=True
     )
     assert not info["missing_keys"] and not info["unexpected_keys"]
     assert model.config.id2label == {0: "not_duplicate", 1: "duplicate"}
@@ -169,8 +169,8 @@ def test_a_linear_word_tagger_is_bert_for_token_classification(tmp_path):
     )
     folder = tmp_path / "export"
     folder.mkdir()
-    assert export.write(source, loaded, folder)["transformers_task_model"] == "BertForTokenClassification"
-    model = transformers.AutoModelForTokenClassification.from_pretrained(folder / export.TASK_MODEL_DIR)
+    assert hf_export.write(source, loaded, folder)["transformers_task_model"] == "BertForTokenClassification"
+    model = transformers.AutoModelForTokenClassification.from_pretrained(folder / hf_export.TASK_MODEL_DIR)
     words = ["Peter", "Blackburn", "visited", "Brussels"]
     examples = [source.task.example_from_line(" ".join(words), index=0, where="x:1")]
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)

@@ -148,7 +148,7 @@ def test_coordinator_without_process_count_is_refused_before_starting(tmp_path):
     proc = subprocess.run(
         _command(tmp_path, "--process_id=0"), cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert (
         "error: --coordinator_address=127.0.0.1:" in proc.stderr
         and "needs --num_processes as well" in proc.stderr

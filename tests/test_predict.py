@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stackft_jax import predict, trained
+from stackft_jax import inference, trained
 from stackft_jax.data import conll, glue, tasks, yahoo
 from stackft_jax.data.samples import sample_path
 
@@ -100,17 +100,17 @@ def test_stdin_is_answered_line_by_line(uninterrupted):
 def test_params_and_phases(uninterrupted):
     last = trained.open_workdir(uninterrupted)
     assert (last.params, last.phase) == ("last", None)
-    head_only = predict.Predictor(trained.open_workdir(uninterrupted, phase="phase1"))
-    best = predict.Predictor(trained.open_workdir(uninterrupted, params="best"))
+    head_only = inference.Predictor(trained.open_workdir(uninterrupted, phase="phase1"))
+    best = inference.Predictor(trained.open_workdir(uninterrupted, params="best"))
     assert head_only.loaded.which == "phase1 (end)" and best.loaded.which.startswith("best (global step ")
-    examples = predict.read_input(last.task, FIXTURES / "qqp" / "dev.tsv")
+    examples = inference.read_input(last.task, FIXTURES / "qqp" / "dev.tsv")
     a, b = head_only.predict(examples).records, best.predict(examples).records
     assert [r["key"] for r in a] == [r["key"] for r in b] == [e.key for e in examples]
     # phase1 trains the head only: the backbone is the initial one, the head phase 1's.
     import numpy as np
 
     initial = head_only.loaded.params["backbone"]["embeddings"]["word_embeddings"]["embedding"]
-    final = predict.Predictor(last).loaded.params["backbone"]["embeddings"]["word_embeddings"]["embedding"]
+    final = inference.Predictor(last).loaded.params["backbone"]["embeddings"]["word_embeddings"]["embedding"]
     assert not np.array_equal(np.asarray(initial), np.asarray(final))
 
 
@@ -156,17 +156,17 @@ def _write(path: Path, text: str | bytes) -> Path:
 def test_refusals_name_the_file_and_line(tmp_path):
     qqp, sst2, conll_task = tasks.TASKS["qqp"], tasks.TASKS["sst2"], tasks.TASKS["conll2003"]
     with pytest.raises(ValueError, match=r"empty.tsv:1: the file is empty"):
-        predict.read_input(qqp, _write(tmp_path / "empty.tsv", ""))
+        inference.read_input(qqp, _write(tmp_path / "empty.tsv", ""))
     with pytest.raises(ValueError, match=r"bad.txt:2: not UTF-8 text"):
-        predict.read_input(qqp, _write(tmp_path / "bad.txt", b"a\tb\n\xff\tb\n"))
+        inference.read_input(qqp, _write(tmp_path / "bad.txt", b"a\tb\n\xff\tb\n"))
     with pytest.raises(ValueError, match=r"a conll2003 file \(CoNLL\), but the model was trained on qqp"):
-        predict.read_input(qqp, sample_path("conll_dev.txt"))
+        inference.read_input(qqp, sample_path("conll_dev.txt"))
     with pytest.raises(ValueError, match=r"a qqp file .*trained on sst2"):
-        predict.read_input(sst2, FIXTURES / "qqp" / "dev.tsv")
+        inference.read_input(sst2, FIXTURES / "qqp" / "dev.tsv")
     with pytest.raises(ValueError, match=r"a yahoo_answers file .*trained on conll2003"):
-        predict.read_input(conll_task, sample_path("yahoo_dev.csv"))
+        inference.read_input(conll_task, sample_path("yahoo_dev.csv"))
     with pytest.raises(ValueError, match=r"c.jsonl:2: label 'maybe' is not a class the model knows"):
-        predict.read_input(
+        inference.read_input(
             qqp,
             _write(
                 tmp_path / "c.jsonl",
@@ -174,23 +174,23 @@ def test_refusals_name_the_file_and_line(tmp_path):
             ),
         )
     with pytest.raises(ValueError, match=r"t.jsonl:1: unknown tag 'B-DATE'"):
-        predict.read_input(
+        inference.read_input(
             conll_task, _write(tmp_path / "t.jsonl", '{"words": ["May", "5"], "tags": ["B-DATE", "O"]}\n')
         )
     with pytest.raises(ValueError, match=r"1 of 2 examples have labels"):
-        predict.read_input(
+        inference.read_input(
             qqp, _write(tmp_path / "mixed.jsonl", '{"text_a":"a","text_b":"b","label":1}\na\tb\n')
         )
     topics = yahoo.YAHOO_ANSWERS.configure(
         {"classes": "health+sports", "dev_fraction": 0.1, "truncation": "head"}
     )
     with pytest.raises(ValueError, match=r"yahoo_dev.csv:\d+: topic '\w+' is not a class the model knows"):
-        predict.read_input(topics, sample_path("yahoo_dev.csv"))
+        inference.read_input(topics, sample_path("yahoo_dev.csv"))
 
 
 def test_cli_refusal_is_one_line_before_any_compute(uninterrupted, tmp_path):
     proc = _predict_cli(f"--workdir={uninterrupted}", f"--input={sample_path('conll_dev.txt')}", "--output=-")
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1
     assert proc.stderr.startswith("error: ") and "trained on qqp" in proc.stderr
 
 

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from stackft_jax.cli_errors import DataError
+
 Dataset = dict[str, np.ndarray]
 Batch = dict[str, np.ndarray]
 # [N, max_seq_length] arrays, cut to the length bucket.
@@ -35,7 +37,7 @@ def length_buckets(max_seq_length: int, min_bucket: int = 32) -> tuple[int, ...]
 def steps_per_epoch(num_examples: int, global_batch_size: int) -> int:
     """Full batches per epoch; the dropped remainder differs per epoch, as each is reshuffled."""
     if num_examples < global_batch_size:
-        raise ValueError(
+        raise DataError(
             f"the training set has {num_examples} examples, fewer than one global batch of "
             f"{global_batch_size}; use a smaller batch size or more data"
         )

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stackft_jax import metrics, objectives
+from stackft_jax.cli_errors import DataError
 from stackft_jax.data import batching, word_pieces
 from stackft_jax.data.task_spec import Split, TaskSpec, hub_rows
 from stackft_jax.data.text_files import decoded_lines, first_line, json_object
@@ -85,9 +86,9 @@ def check_tags(tags: Sequence[str], known: Sequence[str], where: str) -> tuple[s
     """IOB2 `tags`, each a tag of `known` (IOB1 accepted); an unknown tag is an error at `where`."""
     for tag in tags:
         if not isinstance(tag, str) or not _TAG.fullmatch(tag):
-            raise ValueError(f"{where}: tag {tag!r} is not IOB: expected O, B-TYPE or I-TYPE")
+            raise DataError(f"{where}: tag {tag!r} is not IOB: expected O, B-TYPE or I-TYPE")
         if tag not in known and to_iob2([tag])[0] not in known:
-            raise ValueError(f"{where}: unknown tag {tag!r}; the tags are {list(known)}")
+            raise DataError(f"{where}: unknown tag {tag!r}; the tags are {list(known)}")
     return to_iob2(tags)
 
 
@@ -122,12 +123,12 @@ def read_conll(path: str | Path, *, config_key: str, tags: Sequence[str] = TAGS)
         where = f"{path}:{number}"
         if num_columns is None:
             if len(fields) < 2:
-                raise ValueError(
+                raise DataError(
                     f"{where}: expected `token POS chunk NER` or `token NER`, got {line.strip()!r}"
                 )
             num_columns = len(fields)
         if len(fields) != num_columns:
-            raise ValueError(
+            raise DataError(
                 f"{where}: {len(fields)} columns where the file's first token line has {num_columns}"
             )
         check_tags([fields[-1]], tags, where)
@@ -135,7 +136,7 @@ def read_conll(path: str | Path, *, config_key: str, tags: Sequence[str] = TAGS)
         sentence_tags.append(fields[-1])
     end_sentence()
     if not sentences:
-        raise ValueError(f"{config_key} = {str(path)!r}: the file holds no sentences")
+        raise DataError(f"{config_key} = {str(path)!r}: the file holds no sentences")
     return sentences
 
 
@@ -147,11 +148,11 @@ def sentences_from_hf(rows: Mapping[str, Any], tag_names: Sequence[str] | None =
         tag_names = rows.features["ner_tags"].feature.names
     unknown = [name for name in tag_names if name not in TAGS]
     if unknown:
-        raise ValueError(f"the dataset's tag names {unknown} are not CoNLL-2003 tags {list(TAGS)}")
+        raise DataError(f"the dataset's tag names {unknown} are not CoNLL-2003 tags {list(TAGS)}")
     sentences = []
     for index, (tokens, ner_tags) in enumerate(zip(rows["tokens"], rows["ner_tags"], strict=True)):
         if len(tokens) != len(ner_tags) or not all(0 <= t < len(tag_names) for t in ner_tags):
-            raise ValueError(
+            raise DataError(
                 f"dataset row {index}: {len(tokens)} tokens with ner_tags {list(ner_tags)}; expected one "
                 f"tag id in [0, {len(tag_names)}) per token"
             )
@@ -229,10 +230,10 @@ class ConllTask(TaskSpec):
             return Sentence(tuple(line.split()), None, NO_DOCUMENT, index)
         words, tags = record.get("words"), record.get("tags")
         if not isinstance(words, list) or not words or not all(isinstance(w, str) and w for w in words):
-            raise ValueError(f'{where}: expected a JSON object {{"words": [...], "tags": [...]}} with words')
+            raise DataError(f'{where}: expected a JSON object {{"words": [...], "tags": [...]}} with words')
         if tags is not None:
             if not isinstance(tags, list) or len(tags) != len(words):
-                raise ValueError(f"{where}: {len(words)} words need as many tags, got {tags!r}")
+                raise DataError(f"{where}: {len(words)} words need as many tags, got {tags!r}")
             tags = check_tags(tags, self.tags, where)
         return Sentence(tuple(words), tags, NO_DOCUMENT, index)
 

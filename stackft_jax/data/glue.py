@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from stackft_jax import objectives
+from stackft_jax.cli_errors import DataError
 from stackft_jax.data.sentence_task import UNLABELED, Example, SentenceTask
 from stackft_jax.data.task_spec import example_key
 from stackft_jax.data.text_files import decoded_lines, first_line
@@ -36,16 +37,16 @@ def _rows(path: str | Path, config_key: str) -> Iterator[tuple[int, list[str]]]:
             if fields:
                 yield reader.line_num, fields
     except csv.Error as e:
-        raise ValueError(f"{path}:{reader.line_num}: {e}") from e
+        raise DataError(f"{path}:{reader.line_num}: {e}") from e
 
 
 def _class_label(value: str, where: str, num_classes: int) -> int:
     try:
         label = int(value)
     except ValueError:
-        raise ValueError(f"{where}: label {value!r} is not an integer") from None
+        raise DataError(f"{where}: label {value!r} is not an integer") from None
     if not 0 <= label < num_classes:
-        raise ValueError(f"{where}: label {label} is outside [0, {num_classes - 1}]")
+        raise DataError(f"{where}: label {label} is outside [0, {num_classes - 1}]")
     return label
 
 
@@ -53,10 +54,10 @@ def _score_label(value: str, where: str) -> float:
     try:
         score = float(value)
     except ValueError:
-        raise ValueError(f"{where}: score {value!r} is not a number") from None
+        raise DataError(f"{where}: score {value!r} is not a number") from None
     low, high = _STSB_SCORE_RANGE
     if not low <= score <= high:  # also rejects nan
-        raise ValueError(f"{where}: score {score} is outside [{low}, {high}]")
+        raise DataError(f"{where}: score {score} is outside [{low}, {high}]")
     return score
 
 
@@ -77,7 +78,7 @@ def _read_with_header(
     wanted = [text_a] + ([text_b] if text_b else [])
     missing = [name for name in wanted if name not in header]
     if missing:
-        raise ValueError(f"{path}:{header_line}: header {header} lacks column(s) {missing}")
+        raise DataError(f"{path}:{header_line}: header {header} lacks column(s) {missing}")
     col_a = header.index(text_a)
     col_b = header.index(text_b) if text_b else None
     col_label = header.index(label) if label in header else None
@@ -86,7 +87,7 @@ def _read_with_header(
     for line, fields in rows:
         where = f"{path}:{line}"
         if len(fields) != len(header):
-            raise ValueError(
+            raise DataError(
                 f"{where}: expected {len(header)} tab-separated columns like the header, got {len(fields)}"
             )
         text_b_value = fields[col_b] if col_b is not None else None
@@ -100,7 +101,7 @@ def _read_with_header(
 def _first_row(path: str | Path, rows: Iterator[tuple[int, list[str]]]) -> tuple[int, list[str]]:
     first = next(rows, None)
     if first is None:
-        raise ValueError(f"{path}: file is empty")
+        raise DataError(f"{path}: file is empty")
     return first
 
 
@@ -129,7 +130,7 @@ def read_qqp(path: str | Path, config_key: str) -> list[Example]:
         for line, fields in itertools.chain([(first_line, first)], rows):
             where = f"{path}:{line}"
             if len(fields) != 4:
-                raise ValueError(
+                raise DataError(
                     f"{where}: expected 4 tab-separated columns (label, question1, question2, id) "
                     f"like the first line, got {len(fields)}"
                 )
@@ -137,7 +138,7 @@ def read_qqp(path: str | Path, config_key: str) -> list[Example]:
             key = example_key(fields[3], fields[1], fields[2])
             examples.append(Example(text_a=fields[1], text_b=fields[2], label=label, key=key))
         return examples
-    raise ValueError(
+    raise DataError(
         f"{path}:{first_line}: unrecognized QQP layout: expected a header with question1/question2 "
         f"(GLUE, Quora release) or 4 columns starting with a 0/1 label (BiMPM split), got "
         f"{len(first)} columns {first[:3]}..."

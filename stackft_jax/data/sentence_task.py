@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stackft_jax import metrics, objectives
+from stackft_jax.cli_errors import DataError
 from stackft_jax.data import batching, tokenization
 from stackft_jax.data.task_spec import Split, TaskSpec, example_key, hub_rows
 from stackft_jax.data.text_files import json_object
@@ -71,7 +72,7 @@ class SentenceTask(TaskSpec):
         options: Mapping[str, Any],
     ) -> batching.Dataset:
         if self.sentence_pair and any(e.text_b is None for e in examples):
-            raise ValueError(f"task {self.name!r} takes sentence pairs but an example has no text_b")
+            raise DataError(f"task {self.name!r} takes sentence pairs but an example has no text_b")
         arrays = tokenization.encode_texts(
             tokenizer,
             [e.text_a for e in examples],
@@ -122,7 +123,7 @@ class SentenceTask(TaskSpec):
         """A `label` of a JSON input line: a class name or id, or a score."""
         if self.objective is not objectives.CLASSIFICATION:
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{where}: label {value!r} is not a number (task {self.name!r} scores)")
+                raise DataError(f"{where}: label {value!r} is not a number (task {self.name!r} scores)")
             return float(value)
         names = self.prediction_names
         if isinstance(value, str) and value in names:
@@ -131,7 +132,7 @@ class SentenceTask(TaskSpec):
             value = int(value)
         if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(names):
             return value
-        raise ValueError(
+        raise DataError(
             f"{where}: label {value!r} is not a class the model knows: {list(names)} "
             f"(or ids 0-{len(names) - 1})"
         )
@@ -143,7 +144,7 @@ class SentenceTask(TaskSpec):
             text = line.rstrip("\r\n")
             texts = text.split("\t") if self.sentence_pair else [text]
             if len(texts) != (2 if self.sentence_pair else 1):
-                raise ValueError(
+                raise DataError(
                     f"{where}: task {self.name!r} takes a text pair: expected text_a<TAB>text_b or a JSON "
                     f'object {{"text_a": ..., "text_b": ...}}, got {len(texts)} tab-separated field(s)'
                 )
@@ -152,7 +153,7 @@ class SentenceTask(TaskSpec):
             extra = "text_b" if not self.sentence_pair and "text_b" in record else None
             missing = [f for f in fields if not isinstance(record.get(f), str)]
             if missing or extra:
-                raise ValueError(
+                raise DataError(
                     f"{where}: task {self.name!r} takes JSON objects with string field(s) {list(fields)}"
                     + (f" and no {extra!r}" if extra else f"; this one lacks {missing}")
                 )

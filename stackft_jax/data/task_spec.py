@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from stackft_jax.cli_errors import DataError
 from stackft_jax.data import batching, tokenization
 from stackft_jax.objectives import Objective
 
@@ -179,12 +180,12 @@ def read_examples(task: TaskSpec, split: str, path: str | Path | None) -> list[A
         examples = task.read_file(Path(path), config_key=config_key)
     source = _source(task, split, path)
     if not examples:
-        raise ValueError(f"{source}: the file holds no examples (a header only?)")
+        raise DataError(f"{source}: the file holds no examples (a header only?)")
     seen: dict[str, int] = {}
     for position, example in enumerate(examples):
         first = seen.setdefault(example.key, position)
         if first != position:
-            raise ValueError(
+            raise DataError(
                 f"{source}: examples {first} and {position} share the key {example.key!r} (the same id "
                 "and text twice); prediction files need one key per example"
             )
@@ -212,7 +213,7 @@ def read_splits(task: TaskSpec, paths: Mapping[str, str | Path | None]) -> dict[
     if dev_is_held_out(task, paths.get("dev")):
         examples["train"], examples["dev"] = hold_out(examples["train"], task.dev_fraction)
         if not examples["train"] or not examples["dev"]:
-            raise ValueError(
+            raise DataError(
                 f"data.dev_fraction={task.dev_fraction} of {len(examples['train']) + len(examples['dev'])} "
                 "train examples leaves train or dev empty"
             )
@@ -273,7 +274,7 @@ def load_split(
         examples = read_examples(task, split, path)
     labelled = task.is_labelled(examples)
     if not labelled and split != "test":
-        raise ValueError(f"{_source(task, split, path)}: the {split} split has no labels")
+        raise DataError(f"{_source(task, split, path)}: the {split} split has no labels")
     arrays = encode_examples(
         task, tokenizer, examples, max_seq_length=max_seq_length, options=options, cache_dir=cache_dir
     )

@@ -12,6 +12,7 @@ Adding a task:
 2. Add one line below. If no head fits its objective's outputs, add a head (models/heads/__init__.py).
 """
 
+from stackft_jax.config_cli import ConfigError
 from stackft_jax.data import conll, glue, yahoo
 from stackft_jax.data.task_spec import TaskSpec
 
@@ -27,5 +28,5 @@ TASKS: dict[str, TaskSpec] = {
 
 def get_task(name: str) -> TaskSpec:
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r} in config key `data.task`; choose one of {sorted(TASKS)}")
+        raise ConfigError(f"unknown task {name!r} in config key `data.task`; choose one of {sorted(TASKS)}")
     return TASKS[name]

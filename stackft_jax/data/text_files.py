@@ -5,6 +5,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from stackft_jax.cli_errors import DataError
+
 
 def decoded_lines(path: Path) -> Iterator[str]:
     """The file's lines as text (line endings kept), decoded one by one so that bad bytes are reported
@@ -14,7 +16,7 @@ def decoded_lines(path: Path) -> Iterator[str]:
             try:
                 yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as e:
-                raise ValueError(
+                raise DataError(
                     f"{path}:{number}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}); "
                     "convert the file to UTF-8"
                 ) from None
@@ -28,9 +30,9 @@ def json_object(line: str, where: str) -> dict[str, Any] | None:
     try:
         value = json.loads(line)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not a JSON object ({e.msg} at column {e.colno})") from None
+        raise DataError(f"{where}: not a JSON object ({e.msg} at column {e.colno})") from None
     if not isinstance(value, dict):
-        raise ValueError(f"{where}: not a JSON object")
+        raise DataError(f"{where}: not a JSON object")
     return value
 
 

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stackft_jax import objectives
+from stackft_jax.cli_errors import DataError
+from stackft_jax.config_cli import ConfigError
 from stackft_jax.data import batching, tokenization
 from stackft_jax.data.sentence_task import Example, SentenceTask
 from stackft_jax.data.task_spec import example_key
@@ -76,15 +78,15 @@ def parse_classes(value: str) -> tuple[str, ...]:
     for name in names:
         topic = _BY_SNAKE_NAME.get(snake_name(name))
         if topic is None:
-            raise ValueError(
+            raise ConfigError(
                 f"config.data.classes={value!r}: unknown topic {name!r}; choose from "
                 f"{sorted(_BY_SNAKE_NAME)} joined by '+', or 'all'"
             )
         if topic in topics:
-            raise ValueError(f"config.data.classes={value!r}: topic {name!r} is listed twice")
+            raise ConfigError(f"config.data.classes={value!r}: topic {name!r} is listed twice")
         topics.append(topic)
     if len(topics) < 2:
-        raise ValueError(f"config.data.classes={value!r}: a classifier needs at least two topics")
+        raise ConfigError(f"config.data.classes={value!r}: a classifier needs at least two topics")
     return tuple(topics)
 
 
@@ -104,7 +106,7 @@ def _records(path: Path, config_key: str) -> Iterator[tuple[int, list[str]]]:
                 yield start, fields
             start = reader.line_num + 1
     except csv.Error as e:
-        raise ValueError(f"{path}:{start}: {e}") from e
+        raise DataError(f"{path}:{start}: {e}") from e
 
 
 def _release_topic(value: str, where: str) -> str:
@@ -113,14 +115,14 @@ def _release_topic(value: str, where: str) -> str:
     except ValueError:
         number = 0
     if not 1 <= number <= len(TOPICS):
-        raise ValueError(f"{where}: class {value!r} is not a class number 1-{len(TOPICS)}")
+        raise DataError(f"{where}: class {value!r} is not a class number 1-{len(TOPICS)}")
     return TOPICS[number - 1]
 
 
 def _named_topic(value: str, where: str) -> str:
     topic = _BY_SNAKE_NAME.get(value.strip())
     if topic is None:
-        raise ValueError(f"{where}: unknown topic {value!r}; the topics are {sorted(_BY_SNAKE_NAME)}")
+        raise DataError(f"{where}: unknown topic {value!r}; the topics are {sorted(_BY_SNAKE_NAME)}")
     return topic
 
 
@@ -129,7 +131,7 @@ def _layout(path: Path, line: int, fields: list[str]) -> str:
         return "text,topic"
     if len(fields) == 4 and fields[0].strip().isdigit():
         return "class,title,content,answer"
-    raise ValueError(
+    raise DataError(
         f"{path}:{line}: unrecognized Yahoo Answers layout: expected `text,topic` (a topic such as "
         f"science_mathematics) or the release's `class,title,content,answer` (class 1-{len(TOPICS)}), "
         f"got {len(fields)} fields {[f[:20] for f in fields[:4]]}"
@@ -172,14 +174,14 @@ def read_yahoo(
     records = _records(path, config_key)
     first = next(records, None)
     if first is None:
-        raise ValueError(f"{path}: file is empty")
+        raise DataError(f"{path}: file is empty")
     layout = _layout(path, *first)
     width = len(layout.split(","))
     examples = []
     for line, fields in [first, *records]:
         where = f"{path}:{line}"
         if len(fields) != width:
-            raise ValueError(
+            raise DataError(
                 f"{where}: expected {width} fields ({layout}) like the first line, got {len(fields)}"
             )
         if layout == "text,topic":
@@ -187,12 +189,23 @@ def read_yahoo(
         else:
             text, topic = _text(*fields[1:]), _release_topic(fields[0], where)
         if strict and topic not in topics:
-            raise ValueError(
+            raise DataError(
                 f"{where}: topic {snake_name(topic)!r} is not a class the model knows: "
                 f"{[snake_name(t) for t in topics]}"
             )
         examples.append((example_key(f"line{line}", text), text, topic))
-    return _select(examples, topics, str(path))
+    kept = _select(examples, topics, str(path))
+    # A topic the training file lacks would train a classifier that never predicts it (one topic left:
+    # accuracy 1.0); a dev or test file may lack one, not all.
+    present = {topics[e.label] for e in kept}
+    absent = [snake_name(t) for t in topics if t not in present]
+    if absent and (config_key == "data.train_file" or not kept):
+        found = sorted({snake_name(topic) for _, _, topic in examples})
+        raise DataError(
+            f"config.data.classes: topic(s) {absent} have no example in {config_key} = {str(path)!r} "
+            f"(its topics: {found}); choose data.classes among those"
+        )
+    return kept
 
 
 def examples_from_hf(rows: Mapping[str, Any], *, topics: Sequence[str] = TOPICS) -> list[Example]:
@@ -202,7 +215,7 @@ def examples_from_hf(rows: Mapping[str, Any], *, topics: Sequence[str] = TOPICS)
     examples = []
     for row, (number, *parts) in enumerate(zip(rows["topic"], *columns, strict=True)):
         if not 0 <= int(number) < len(TOPICS):
-            raise ValueError(f"yahoo_answers_topics row {row}: topic {number} is outside 0-{len(TOPICS) - 1}")
+            raise DataError(f"yahoo_answers_topics row {row}: topic {number} is outside 0-{len(TOPICS) - 1}")
         text = _text(*(p or "" for p in parts))
         examples.append((example_key(f"row{row}", text), text, TOPICS[int(number)]))
     return _select(examples, topics, "yahoo_answers_topics")
@@ -219,9 +232,9 @@ class YahooTask(SentenceTask):
         topics = parse_classes(data_config["classes"])
         fraction = data_config["dev_fraction"]
         if not 0 < fraction < 1:
-            raise ValueError(f"config.data.dev_fraction={fraction}: choose a fraction in (0, 1)")
+            raise ConfigError(f"config.data.dev_fraction={fraction}: choose a fraction in (0, 1)")
         if data_config["truncation"] not in TRUNCATIONS:
-            raise ValueError(
+            raise ConfigError(
                 f"config.data.truncation={data_config['truncation']!r}: choose one of {TRUNCATIONS}"
             )
         return dataclasses.replace(

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from stackft_jax.cli_errors import DataError
 from stackft_jax.models.dense import Dense
 from stackft_jax.models.dropout import Dropout
 
@@ -142,15 +143,15 @@ class BertConfig:
 
     def __post_init__(self):
         if self.model_type not in FAMILIES:
-            raise ValueError(
+            raise DataError(
                 f"model_type={self.model_type!r} is not supported; supported: {', '.join(FAMILIES)}"
             )
         if self.hidden_act not in _ACTIVATIONS:
-            raise ValueError(
+            raise DataError(
                 f"hidden_act={self.hidden_act!r} is not supported; use one of {sorted(_ACTIVATIONS)}"
             )
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
+            raise DataError(
                 f"hidden_size={self.hidden_size} is not a multiple of "
                 f"num_attention_heads={self.num_attention_heads}"
             )
@@ -178,24 +179,24 @@ class BertConfig:
         """From a Hugging Face config.json dict; keys we do not use are ignored."""
         model_type = d.get("model_type", "bert")
         if model_type not in FAMILIES:
-            raise ValueError(
+            raise DataError(
                 f"{source}: model_type={model_type!r} is not supported; supported: {', '.join(FAMILIES)}"
             )
         family = FAMILIES[model_type]
         d = {**family.config_defaults, **{family.config_keys.get(k, k): v for k, v in d.items()}}
         position_type = d.get("position_embedding_type", "absolute")
         if position_type != "absolute":
-            raise ValueError(
+            raise DataError(
                 f"{source}: position_embedding_type={position_type!r} is not supported "
                 "(only 'absolute' position embeddings are implemented)"
             )
         if d.get("is_decoder") or d.get("add_cross_attention"):
-            raise ValueError(f"{source}: decoder / cross-attention {model_type} is not supported")
+            raise DataError(f"{source}: decoder / cross-attention {model_type} is not supported")
         names = {f.name for f in dataclasses.fields(cls)}
         required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
         missing = [k for k in required if k not in d]
         if missing:
-            raise ValueError(f"{source}: missing required key(s) {missing}")
+            raise DataError(f"{source}: missing required key(s) {missing}")
         kwargs = {k: v for k, v in d.items() if k in names}
         if isinstance(kwargs.get("hidden_act"), str):
             kwargs["hidden_act"] = kwargs["hidden_act"].lower()
@@ -204,7 +205,7 @@ class BertConfig:
         try:
             return cls(**kwargs)
         except ValueError as e:
-            raise ValueError(f"{source}: {e}") from None
+            raise DataError(f"{source}: {e}") from None
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> BertConfig:
@@ -338,7 +339,7 @@ class BertEmbeddings(nnx.Module):
         length = input_ids.shape[1]
         max_length = self.position_embeddings.num_embeddings - self.first_position
         if length > max_length:
-            raise ValueError(
+            raise DataError(
                 f"sequence length {length} exceeds the {max_length} tokens max_position_embeddings="
                 f"{self.position_embeddings.num_embeddings} holds"
             )
@@ -566,7 +567,7 @@ def load_hf_weights(model_dir: Path, *, allow_pickle: bool = False) -> dict[str,
     pickles = sorted(model_dir.glob("pytorch_model*.bin"))
     if pickles:
         if not allow_pickle:
-            raise ValueError(
+            raise DataError(
                 f"{model_dir} has only PyTorch pickle weights ({pickles[0].name}). Unpickling can "
                 "run arbitrary code, so it is off by default: convert the checkpoint to "
                 "safetensors, or, if you trust its source, set the config key "
@@ -590,7 +591,7 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
     try:
         return _read_safetensors_unchecked(path)
     except Exception as error:  # safetensors raises SafetensorError, OSError, ... and names no file
-        raise ValueError(
+        raise DataError(
             f"{path}: cannot read the weights ({type(error).__name__}: {error}); the file may be "
             "truncated or damaged: download it again"
         ) from error
@@ -781,7 +782,7 @@ def load_pretrained_weights(model: BertModel, model_dir: Path, *, allow_pickle: 
     # A backbone with randomly initialised encoder weights is never what fine-tuning wants.
     not_pooler = [p for p in report.missing if not p.startswith("pooler/")]
     if not_pooler:
-        raise ValueError(
+        raise DataError(
             f"checkpoint {str(model_dir)!r} lacks encoder weights {not_pooler[:6]}"
             f"{' ...' if len(not_pooler) > 6 else ''}; is it a {model.config.model_type} checkpoint?"
         )
@@ -834,7 +835,7 @@ def _merge_checked(target: dict, source: dict, prefix: tuple) -> None:
             continue
         old = target[key]
         if tuple(value.shape) != tuple(old.shape):
-            raise ValueError(
+            raise DataError(
                 f"checkpoint tensor for {_path_str(path)} has shape {tuple(value.shape)}, "
                 f"the model expects {tuple(old.shape)} (does config.json match the weights?)"
             )

@@ -12,9 +12,12 @@ A head that needs the two texts of a pair sets the class attribute `reads = PAIR
 (a tagging head's CRF derives its IOB2 constraints from them; other heads ignore them).
 """
 
+import difflib
+
 import ml_collections
 from flax import nnx
 
+from stackft_jax.config_cli import ConfigError
 from stackft_jax.models.heads import (
     bimpm,
     cls_mlp,
@@ -25,6 +28,7 @@ from stackft_jax.models.heads import (
     sim_transformer,
     tagger,
 )
+from stackft_jax.objectives import WORD_TAGGING, Objective
 
 # name -> (function returning the head's default config block, head class)
 HEADS = {
@@ -59,12 +63,36 @@ def default_head_configs() -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict({name: default() for name, (default, _) in HEADS.items()})
 
 
-def build_head(head_config: ml_collections.ConfigDict, **kwargs) -> nnx.Module:
+def check_head(head_config: ml_collections.ConfigDict) -> None:
+    """A registered head's name (a grid's mistyped axis value fails before any cell trains)."""
     name = head_config.name
     if name not in HEADS:
-        raise ValueError(f"config.head.name={name!r} is not a registered head; choose from {sorted(HEADS)}")
-    _, cls = HEADS[name]
-    return cls(head_config[name], **kwargs)
+        close = difflib.get_close_matches(name, list(HEADS), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(
+            f"config.head.name={name!r} is not a registered head{hint} (heads: {', '.join(sorted(HEADS))})"
+        )
+
+
+def is_word_tagger(head_config: ml_collections.ConfigDict) -> bool:
+    return HEADS.get(head_config.name, (None, None))[1] is tagger.WordTaggerHead
+
+
+def check_fits(head_config: ml_collections.ConfigDict, objective: Objective, *, task_name: str) -> None:
+    """Word taggers score words (a word tagging task's outputs); the other heads score a sentence."""
+    tags_words = objective is WORD_TAGGING
+    if is_word_tagger(head_config) != tags_words:
+        fitting = sorted(n for n, (_, cls) in HEADS.items() if (cls is tagger.WordTaggerHead) == tags_words)
+        raise ConfigError(
+            f"config.head.name={head_config.name!r} is a {'word tagging' if not tags_words else 'sentence'} "
+            f"head, and data.task={task_name!r} is a {objective.name} task: choose one of {fitting}"
+        )
+
+
+def build_head(head_config: ml_collections.ConfigDict, **kwargs) -> nnx.Module:
+    check_head(head_config)
+    _, cls = HEADS[head_config.name]
+    return cls(head_config[head_config.name], **kwargs)
 
 
 def is_linear(head_config: ml_collections.ConfigDict) -> bool:
@@ -73,7 +101,7 @@ def is_linear(head_config: ml_collections.ConfigDict) -> bool:
     name = head_config.name
     if name == "linear":
         return True
-    if HEADS.get(name, (None, None))[1] is tagger.WordTaggerHead:
+    if is_word_tagger(head_config):
         block = head_config[name]
         return block.hidden_dim == 0 and block.lstm_layers == 0 and not block.crf
     return False

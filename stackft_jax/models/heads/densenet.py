@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from stackft_jax.config_cli import ConfigError
 from stackft_jax.models.dense import Dense
 from stackft_jax.models.dropout import Dropout
 from stackft_jax.models.features import Features
@@ -56,7 +57,7 @@ def default_config() -> ml_collections.ConfigDict:
 
 def _check_choice(config: ml_collections.ConfigDict, key: str, choices) -> None:
     if config[key] not in choices:
-        raise ValueError(f"config.head.densenet.{key}={config[key]!r}: choose from {sorted(choices)}")
+        raise ConfigError(f"config.head.densenet.{key}={config[key]!r}: choose from {sorted(choices)}")
 
 
 def _pool_by_two(x: jax.Array, mask: jax.Array, pooling) -> tuple[jax.Array, jax.Array]:
@@ -128,9 +129,9 @@ class DenseNetHead(nnx.Module):
         _check_choice(config, "transition_pooling", POOLINGS)
         for key in ("stem_channels", "num_blocks", "convs_per_block", "growth_rate", "kernel_size"):
             if config[key] < 1:
-                raise ValueError(f"config.head.densenet.{key}={config[key]} must be at least 1")
+                raise ConfigError(f"config.head.densenet.{key}={config[key]} must be at least 1")
         if not 0 < config.compression <= 1:
-            raise ValueError(f"config.head.densenet.compression={config.compression} must be in (0, 1]")
+            raise ConfigError(f"config.head.densenet.compression={config.compression} must be in (0, 1]")
         self.pooling = POOLINGS[config.transition_pooling]
         self.dropout = Dropout(dropout_rate)
         he = nnx.initializers.he_normal()

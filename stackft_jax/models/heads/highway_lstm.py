@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from stackft_jax.config_cli import ConfigError
 from stackft_jax.models.dense import Dense
 from stackft_jax.models.dropout import Dropout
 from stackft_jax.models.features import Features
@@ -108,7 +109,7 @@ class HighwayLstmHead(nnx.Module):
     ):
         for key in ("lstm_units", "num_lstm_layers"):
             if config[key] < 1:
-                raise ValueError(f"config.head.highway_lstm.{key}={config[key]} must be at least 1")
+                raise ConfigError(f"config.head.highway_lstm.{key}={config[key]} must be at least 1")
         units = config.lstm_units
 
         def stack() -> nnx.List:

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from stackft_jax.config_cli import ConfigError
 from stackft_jax.models.dense import Dense
 from stackft_jax.models.dropout import Dropout
 from stackft_jax.models.features import Features
@@ -36,7 +37,7 @@ class LinearHead(nnx.Module):
         rngs: nnx.Rngs,
     ):
         if config.pooling not in POOLINGS:
-            raise ValueError(f"config.head.linear.pooling={config.pooling!r}: choose one of {POOLINGS}")
+            raise ConfigError(f"config.head.linear.pooling={config.pooling!r}: choose one of {POOLINGS}")
         self.pooling = config.pooling
         self.dropout = Dropout(dropout_rate)
         self.output = Dense(hidden_size, num_outputs, dtype=dtype, rngs=rngs)

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from stackft_jax.config_cli import ConfigError
 from stackft_jax.models.dense import Dense
 from stackft_jax.models.dropout import Dropout
 from stackft_jax.models.features import Features
@@ -118,7 +119,7 @@ class SimTransformerHead(nnx.Module):
         rngs: nnx.Rngs,
     ):
         if config.output_init not in OUTPUT_INITS:
-            raise ValueError(
+            raise ConfigError(
                 f"config key 'head.sim_transformer.output_init' = {config.output_init!r}: "
                 f"choose one of {sorted(OUTPUT_INITS)}"
             )
