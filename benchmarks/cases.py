@@ -115,7 +115,7 @@ def build_jax(config: ml_collections.ConfigDict) -> JaxModel:
     graphdef, params, bert_config = train.initial_model(
         run_spec, bert.resolve_model_dir(run_spec.model.name_or_path), mesh
     )
-    plan = run_spec.phases(1000, bert_config.num_hidden_layers, has_pooler=bert_config.family.has_pooler)
+    plan = run_spec.plan(1000, bert_config.num_hidden_layers, has_pooler=bert_config.family.has_pooler)
     return JaxModel(config, run_spec.task, bert_config, graphdef, params, mesh, {p.name: p for p in plan})
 
 

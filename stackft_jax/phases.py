@@ -108,7 +108,7 @@ BLOCK_DEFAULTS = {
 
 
 # The alias blocks `phase1.*`, `phase2.*` and `unfreezing.*` (configs/common.py writes them with their
-# comments; tests/test_phases.py holds the two equal): the inputs of the presets, which turn them into
+# comments; tests/test_spec.py holds the two equal): the inputs of the presets, which turn them into
 # phase blocks. With `config.phases` written they do not apply, and spec.resolve refuses a changed one.
 ALIAS_DEFAULTS = {
     "phase1": {

@@ -117,7 +117,7 @@ class RunSpec:
             return list(self.written_phases)
         return phases.PRESETS[self.strategy](self.aliases, num_layers, has_pooler)
 
-    def phases(self, steps_per_epoch: int, num_layers: int, *, has_pooler: bool = True) -> list[phases.Phase]:
+    def plan(self, steps_per_epoch: int, num_layers: int, *, has_pooler: bool = True) -> list[phases.Phase]:
         return [
             phases.to_phase(b, steps_per_epoch, source)
             for b, source in self.phase_blocks(num_layers, has_pooler=has_pooler)

@@ -700,7 +700,7 @@ def _run(
         observer=observer,
     )
     steps_per_epoch = batching.steps_per_epoch(datasets["train"].num_rows, global_batch)
-    plan = run_spec.phases(
+    plan = run_spec.plan(
         steps_per_epoch, bert_config.num_hidden_layers, has_pooler=bert_config.family.has_pooler
     )
     ctx.param_names = tuple(optim.path_str(path) for path, _ in jax.tree_util.tree_leaves_with_path(params))
