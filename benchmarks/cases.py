@@ -27,8 +27,8 @@ import numpy as np
 from flax import nnx
 
 from configs import quora
-from stackft_jax import optim, phases, sharding, steps, train
-from stackft_jax.data import task_spec, tasks
+from stackft_jax import evaluation, optim, phases, sharding, spec, steps, train
+from stackft_jax.data import task_spec
 from stackft_jax.models import bert
 
 CASES = ("full", "phase1", "eval")
@@ -109,20 +109,14 @@ class JaxModel:
 
 
 def build_jax(config: ml_collections.ConfigDict) -> JaxModel:
-    """What `train.run` does before its phase loop, minus the data."""
-    task = tasks.get_task(config.data.task).configure(config.data)
-    model_dir = bert.resolve_model_dir(config.model.name_or_path)
-    model, bert_config = train.build_model(config, task, model_dir)
-    graphdef, state = nnx.split(model)
+    """What `train.run` builds before its phase loop (`train.initial_model`), minus the data."""
+    run_spec = spec.resolve(config)
     mesh = sharding.make_mesh()
-    params = jax.device_put(nnx.to_pure_dict(state), sharding.replicated(mesh))
-    plan = phases.phases_for(
-        config,
-        steps_per_epoch=1000,
-        num_layers=bert_config.num_hidden_layers,
-        has_pooler=bert_config.family.has_pooler,
+    graphdef, params, bert_config = train.initial_model(
+        run_spec, bert.resolve_model_dir(run_spec.model.name_or_path), mesh
     )
-    return JaxModel(config, task, bert_config, graphdef, params, mesh, {phase.name: phase for phase in plan})
+    plan = run_spec.plan(1000, bert_config.num_hidden_layers, has_pooler=bert_config.family.has_pooler)
+    return JaxModel(config, run_spec.task, bert_config, graphdef, params, mesh, {p.name: p for p in plan})
 
 
 def _fresh_copy(params: Any) -> Any:
@@ -155,11 +149,7 @@ def jax_train_state(m: JaxModel, case: str, *, copy_params: bool = True) -> tupl
 
 
 def jax_eval_fn(m: JaxModel) -> Callable:
-    return jax.jit(
-        functools.partial(steps.eval_step, graphdef=m.graphdef, objective=m.task.objective),
-        in_shardings=(sharding.replicated(m.mesh), sharding.data_sharded(m.mesh)),
-        out_shardings=sharding.replicated(m.mesh),
-    )
+    return evaluation.jit_eval_step(m.task.objective, m.graphdef, m.mesh)
 
 
 def jax_case(m: JaxModel, case: str, batch: dict) -> Case:
@@ -184,11 +174,10 @@ def jax_components(m: JaxModel, batch: dict) -> dict[str, Step]:
     key = jax.random.key(m.config.seed)
 
     def loss(params, deterministic: bool):
-        model = nnx.merge(m.graphdef, params)
-        rngs = None if deterministic else nnx.Rngs(dropout=key)
-        logits = model(device_batch, deterministic=deterministic, rngs=rngs)
-        loss_sum, stats = m.task.objective.loss(logits, device_batch)
-        return loss_sum / jnp.maximum(stats["count"], 1.0)
+        dropout_key = None if deterministic else key
+        return steps.mean_loss(
+            params, device_batch, graphdef=m.graphdef, objective=m.task.objective, dropout_key=dropout_key
+        )[0]
 
     forward = jax.jit(functools.partial(loss, deterministic=False))
     grads = jax.jit(jax.value_and_grad(functools.partial(loss, deterministic=False)))

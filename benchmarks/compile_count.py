@@ -12,15 +12,14 @@ How compilations are counted: a `jax.monitoring` duration listener on
 `/jax/core/compile/backend_compile_duration`, the event JAX records around every XLA compilation it
 requests (an in-memory jit-cache miss; a persistent-cache hit is still counted, and also tallied
 separately), with the function's name. Each event is attributed to the phase and the training step
-whose batch was last handed out, by wrapping `batching.train_batches` and `train.run_phase` (the
-names `train.py` looks up at call time). The claim checked: `train_step` compiles at most once per
+whose batch was last handed out, as the loop reports them to `train.run(..., observer=...)` (a
+`train.LoopObserver`). The claim checked: `train_step` compiles at most once per
 (phase, bucket), `eval_step` once per bucket, everything else is a small constant, and nothing
 compiles after the first epoch of each phase.
 """
 
 import argparse
 import collections
-import functools
 import tempfile
 from pathlib import Path
 
@@ -59,7 +58,7 @@ def write_synthetic_qqp(path: Path, num_examples: int, seed: int) -> Path:
     return path
 
 
-class CompileLog:
+class CompileLog(train.LoopObserver):
     """Compile events, each with the phase and step current when it happened."""
 
     def __init__(self):
@@ -67,6 +66,16 @@ class CompileLog:
         self.step: int | None = None  # 0-based index of the batch last handed to train_step
         self.events: list[dict] = []
         self.cache_hits = 0
+
+    # train.LoopObserver: where the loop is.
+    def phase_started(self, name: str) -> None:
+        self.phase, self.step = name, None
+
+    def step_started(self, phase: str, step: int) -> None:
+        self.step = step
+
+    def phase_ended(self, name: str) -> None:
+        self.phase, self.step = None, None
 
     def on_duration(self, event: str, duration: float, **kwargs) -> None:
         if event == COMPILE_EVENT:
@@ -87,28 +96,9 @@ class CompileLog:
     def __enter__(self) -> "CompileLog":
         jax.monitoring.register_event_duration_secs_listener(self.on_duration)
         jax.monitoring.register_event_listener(self.on_event)
-        self._originals = train.run_phase, batching.train_batches
-        original_run_phase, original_batches = self._originals
-
-        @functools.wraps(original_run_phase)
-        def run_phase(ctx, phase, *args, **kwargs):
-            self.phase, self.step = phase.name, None
-            try:
-                return original_run_phase(ctx, phase, *args, **kwargs)
-            finally:
-                self.phase, self.step = None, None
-
-        @functools.wraps(original_batches)
-        def train_batches(*args, start_step: int, **kwargs):
-            for offset, batch in enumerate(original_batches(*args, start_step=start_step, **kwargs)):
-                self.step = start_step + offset
-                yield batch
-
-        train.run_phase, batching.train_batches = run_phase, train_batches
         return self
 
     def __exit__(self, *exc) -> None:
-        train.run_phase, batching.train_batches = self._originals
         jax.monitoring.unregister_event_duration_listener(self.on_duration)
         jax.monitoring.unregister_event_listener(self.on_event)
 
@@ -193,7 +183,7 @@ def main(argv: list[str] | None = None) -> dict:
         data_dir = Path(tmp)
         config, per_epoch = make_config(args, data_dir, jax.device_count())
         buckets = batching.length_buckets(config.max_seq_length)
-        results = train.run(config, data_dir / "workdir")
+        results = train.run(config, data_dir / "workdir", observer=log)
     phase_names = [p["phase"] for p in results["phases"]]
     summary = summarize(log, per_epoch, buckets, phase_names)
     print(

@@ -31,6 +31,7 @@ def three_phases(c: ml_collections.ConfigDict) -> None:
     """A schedule written in the config, no library code: the head alone, then the head with the top
     layer and the pooler, then everything at a lower rate."""
     c.strategy = "head_top_all"  # the schedule's name in results and reports
+    phases.clear_aliases(c)  # the phase1.*/phase2.* keys set below for the presets do not apply here
     c.phases = [
         phases.block(
             "head",

@@ -93,12 +93,14 @@ def main(argv: list[str]) -> None:
             raise cli_errors.UsageError(str(error)) from None
     logs.setup()
 
-    from stackft_jax import compilation_cache, train
+    from stackft_jax import compilation_cache, spec, train
 
-    train.check_config(config)  # values out of range or choice, missing files: named, no traceback
-    compilation_cache.enable(config.compilation_cache_dir)  # before anything compiles
+    # Every check, once, before any work: values out of range or choice, task x head x stop rule,
+    # missing files; named in one line, no traceback.
+    run_spec = spec.resolve(config)
+    compilation_cache.enable(run_spec.compilation_cache_dir)  # before anything compiles
     logging.info("JAX process %d/%d, devices: %s", jax.process_index(), jax.process_count(), jax.devices())
-    results = train.run(config, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
+    results = train.run(run_spec, FLAGS.workdir, allow_config_change=FLAGS.allow_config_change)
     if jax.process_index() == 0:
         final = " ".join(
             f"{split}.{k}={v:.4f}" for split, vals in results["final"].items() for k, v in vals.items()

@@ -49,9 +49,10 @@ _PHASE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 @dataclasses.dataclass(frozen=True)
 class StopRule:
-    """A phase stops at the first of: its step budget; train accuracy exceeding dev accuracy by more
-    than `max_train_dev_gap` (Wang et al.: hand phase 2 a head that has not yet overfitted); the dev
-    metric not improving for `patience_evals` evaluations. None disables a rule."""
+    """A phase stops at the first of: its step budget; the task's gap metric (accuracy, or e.g. STS-B's
+    pearson) on train exceeding dev by more than `max_train_dev_gap` (Wang et al.: hand phase 2 a head
+    that has not yet overfitted); the dev metric not improving for `patience_evals` evaluations. None
+    disables a rule."""
 
     max_train_dev_gap: float | None = None
     patience_evals: int | None = None
@@ -104,6 +105,51 @@ BLOCK_DEFAULTS = {
     "feature_cache_dtype": "float32",  # float32 | bfloat16
     "feature_cache_dir": "",  # folder shared by runs; "": the workdir's (or the grid's)
 }
+
+
+# The alias blocks `phase1.*`, `phase2.*` and `unfreezing.*` (configs/common.py writes them with their
+# comments; tests/test_spec.py holds the two equal): the inputs of the presets, which turn them into
+# phase blocks. With `config.phases` written they do not apply, and spec.resolve refuses a changed one.
+ALIAS_DEFAULTS = {
+    "phase1": {
+        "learning_rate": 1e-3,
+        "num_steps": 0,
+        "num_epochs": 1.0,
+        "warmup_steps": 0,
+        "warmup_ratio": 0.0,
+        "schedule": "constant",
+        "weight_decay": 0.01,
+        "max_train_dev_gap": 0.02,
+        "gap_eval_examples": 2000,
+        "patience_evals": 0,
+        "backbone_dropout": True,
+        "feature_cache": False,
+        "feature_cache_dtype": "float32",
+        "feature_cache_dir": "",
+    },
+    "phase2": {
+        "backbone_learning_rate": 2e-5,
+        "head_learning_rate": 0.0,
+        "new_head_learning_rate": 1e-3,
+        "layerwise_lr_decay": 1.0,
+        "num_steps": 0,
+        "num_epochs": 3.0,
+        "warmup_steps": 0,
+        "warmup_ratio": 0.1,
+        "schedule": "warmup_linear",
+        "weight_decay": 0.01,
+        "patience_evals": 0,
+    },
+    "unfreezing": {"layers_per_phase": 1, "num_steps": 0, "num_epochs": 1.0, "layerwise_lr_decay": 0.95},
+}
+
+
+def clear_aliases(config: ml_collections.ConfigDict) -> None:
+    """Resets the alias blocks to their defaults: a config file that writes `config.phases` on top of a
+    base that set `phase1.*`/`phase2.*` keys (configs/tiny.py's three_phases)."""
+    for alias, defaults in ALIAS_DEFAULTS.items():
+        for key, value in defaults.items():
+            config[alias][key] = value
 
 
 def block(
@@ -297,6 +343,15 @@ PRESETS: dict[str, Callable] = {
     "lp_ft": _lp_ft,
 }
 STRATEGIES = tuple(PRESETS)
+# The alias blocks each preset reads (only these bind a workdir).
+PRESET_ALIASES: dict[str, tuple[str, ...]] = {
+    "finetune_only": ("phase2",),
+    "finetune_only_uniform": ("phase2",),
+    "stack_only": ("phase1",),
+    "stack_and_finetune": ("phase1", "phase2"),
+    "gradual_unfreezing": ("phase1", "phase2", "unfreezing"),
+    "lp_ft": ("phase1", "phase2"),
+}
 
 
 def _num_steps(b: ml_collections.ConfigDict, steps_per_epoch: int, source: str) -> int:
@@ -459,18 +514,24 @@ class StopTracker:
     evals_since_best: int = 0
 
     def update(
-        self, dev_metric: float, *, train_accuracy: float | None, dev_accuracy: float | None
+        self,
+        dev_metric: float,
+        *,
+        train_score: float | None,
+        dev_score: float | None,
+        gap_metric: str = "accuracy",
     ) -> str | None:
-        """Records one evaluation; returns why the phase must stop now, or None."""
+        """Records one evaluation; returns why the phase must stop now, or None. `train_score` and
+        `dev_score`: the task's gap metric (TaskSpec.gap_metric) on the train subset and on dev."""
         if dev_metric > self.best_dev_metric:
             self.best_dev_metric, self.evals_since_best = dev_metric, 0
         else:
             self.evals_since_best += 1
         gap_limit = self.rule.max_train_dev_gap
-        if gap_limit is not None and train_accuracy is not None and dev_accuracy is not None:
-            gap = train_accuracy - dev_accuracy
+        if gap_limit is not None and train_score is not None and dev_score is not None:
+            gap = train_score - dev_score
             if gap > gap_limit:
-                return f"train/dev accuracy gap {gap:.4f} exceeded max_train_dev_gap={gap_limit}"
+                return f"train/dev {gap_metric} gap {gap:.4f} exceeded max_train_dev_gap={gap_limit}"
         patience = self.rule.patience_evals
         if patience is not None and self.evals_since_best >= patience:
             return f"dev metric did not improve for {patience} evaluations"

@@ -22,8 +22,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from stackft_jax import checkpointing, phases, workdirs
-from stackft_jax.data import tasks
+from stackft_jax import checkpointing, spec, workdirs
 from stackft_jax.models import bert
 
 
@@ -32,21 +31,15 @@ def recorded_config(workdir: str | Path) -> ml_collections.ConfigDict:
     path = Path(workdir) / workdirs.CONFIG_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no recorded config (not a run's workdir)")
-    return config_from_plain(json.loads(path.read_text())["config"])
-
-
-def config_from_plain(plain: dict[str, Any]) -> ml_collections.ConfigDict:
-    """A config from its JSON form (config_cli.to_plain)."""
-    config = ml_collections.ConfigDict(plain)
-    config.phases = [ml_collections.ConfigDict(block) for block in config.phases]  # JSON left them dicts
-    return config
+    return spec.config_from_plain(json.loads(path.read_text())["config"])
 
 
 def phase_names(config: ml_collections.ConfigDict) -> list[str]:
     """The run's phases in order (from the encoder's config.json: no model is built)."""
-    bert_config = bert.BertConfig.from_pretrained(bert.resolve_model_dir(config.model.name_or_path))
-    layers = config.model.config_overrides.num_hidden_layers or bert_config.num_hidden_layers
-    plan = phases.expand(config, layers, has_pooler=bert_config.family.has_pooler)
+    run_spec = spec.resolve(config, recorded=True)
+    bert_config = bert.BertConfig.from_pretrained(bert.resolve_model_dir(run_spec.model.name_or_path))
+    layers = run_spec.model.config_overrides.get("num_hidden_layers") or bert_config.num_hidden_layers
+    plan = run_spec.phase_blocks(layers, has_pooler=bert_config.family.has_pooler)
     return [block.name for block, _ in plan]
 
 
@@ -69,8 +62,9 @@ def best_params(workdir: str | Path, like: dict[str, Any] | None = None) -> tupl
 def _initial_params(config: ml_collections.ConfigDict) -> dict[str, Any]:
     from stackft_jax import train  # build_model: the run's own model construction
 
-    task = tasks.get_task(config.data.task).configure(config.data)
-    model, _ = train.build_model(config, task, bert.resolve_model_dir(config.model.name_or_path))
+    run_spec = spec.resolve(config, recorded=True)
+    model_dir = bert.resolve_model_dir(run_spec.model.name_or_path)
+    model, _ = train.build_model(run_spec, run_spec.task, model_dir)
     return nnx.to_pure_dict(nnx.state(model))
 
 

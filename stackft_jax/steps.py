@@ -42,6 +42,28 @@ class TrainState:
         return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
 
 
+def mean_loss(
+    params: Any,
+    batch: Batch,
+    *,
+    graphdef: nnx.GraphDef,
+    objective: Objective,
+    dropout_key: jax.Array | None,
+    backbone_deterministic: bool = False,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The objective's mean loss over the batch's real rows (and its stats), in training mode with
+    dropout from `dropout_key`; None: deterministic (benchmarks/cases.py times both)."""
+    model = nnx.merge(graphdef, params)
+    outputs = model(
+        batch,
+        deterministic=dropout_key is None,
+        backbone_deterministic=backbone_deterministic,
+        rngs=None if dropout_key is None else nnx.Rngs(dropout=dropout_key),
+    )
+    loss_sum, stats = objective.loss(outputs, batch)
+    return loss_sum / jnp.maximum(stats["count"], 1.0), stats
+
+
 def train_step(
     state: TrainState,
     batch: Batch,
@@ -62,15 +84,14 @@ def train_step(
 
     def loss_fn(params):
         params = jax.tree.map(lambda t, p: p if t else jax.lax.stop_gradient(p), trainable, params)
-        model = nnx.merge(graphdef, params)
-        outputs = model(
+        return mean_loss(
+            params,
             batch,
-            deterministic=False,
+            graphdef=graphdef,
+            objective=objective,
+            dropout_key=step_key,
             backbone_deterministic=backbone_deterministic,
-            rngs=nnx.Rngs(dropout=step_key),
         )
-        loss_sum, stats = objective.loss(outputs, batch)
-        return loss_sum / jnp.maximum(stats["count"], 1.0), stats
 
     (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     trainable_grads = jax.tree.map(lambda t, g: g if t else None, trainable, grads)

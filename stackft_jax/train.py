@@ -24,7 +24,6 @@ from tqdm import tqdm
 from stackft_jax import (
     calibration,
     checkpointing,
-    config_cli,
     degenerate,
     evaluation,
     feature_cache,
@@ -32,15 +31,17 @@ from stackft_jax import (
     phases,
     preemption,
     sharding,
+    spec,
     steps,
     timing,
     workdirs,
 )
-from stackft_jax.data import batching, task_spec, tasks, tokenization
-from stackft_jax.models import bert, heads
+from stackft_jax.data import batching, task_spec, tokenization
+from stackft_jax.models import bert
 from stackft_jax.models.task_model import TaskModel
-from stackft_jax.objectives import CLASSIFICATION, Objective
+from stackft_jax.objectives import Objective
 from stackft_jax.report import RunReport
+from stackft_jax.spec import RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ SPLITS = ("train", "dev", "test")
 class Context:
     """What every phase shares: built once in `run`."""
 
-    config: ml_collections.ConfigDict
+    spec: RunSpec
     workdir: Path
     mesh: jax.sharding.Mesh
     task: task_spec.TaskSpec
@@ -67,87 +68,40 @@ class Context:
     # ends with (at its last step), so the final scoring need not evaluate the same parameters again.
     dev_at_phase_end: dict[str, evaluation.Evaluation] = dataclasses.field(default_factory=dict)
     param_names: tuple[str, ...] = ()  # '/'-joined parameter paths, which phases' rules label
+    observer: "LoopObserver" = dataclasses.field(default_factory=lambda: LoopObserver())
 
     @property
     def primary_metric(self) -> str:
         return self.task.metrics[0]
 
 
-# The shortest max_seq_length that leaves room for text: [CLS] a [SEP] b [SEP] takes 3 special tokens.
-MIN_SEQ_LENGTH = 8
+class LoopObserver:
+    """Told where the training loop is; subclass it to watch a run (benchmarks/compile_count.py
+    attributes each compilation to a phase and step). The base class does nothing."""
+
+    def phase_started(self, name: str) -> None:
+        """`name` starts or resumes: its optimizer state, feature cache and first steps follow."""
+
+    def step_started(self, phase: str, step: int) -> None:
+        """The batch of `step` (0-based within the phase) goes to the train step."""
+
+    def phase_ended(self, name: str) -> None:
+        """`name` trained to its stop (its boundary measurements and checkpoint follow)."""
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
-    """Fails early, naming the config key, before any expensive work."""
-    phases.check_config(config)
-    heads.check_head(config.head)
-    if config.strategy == "lp_ft" and not config.phases and not heads.is_linear(config.head):
-        raise config_cli.ConfigError(
-            f"config.strategy=lp_ft trains a linear probe first, and config.head.name={config.head.name!r} "
-            "is not linear: set head.name=linear (head.linear.pooling=cls|mean), or for word tagging "
-            "token_mlp with head.token_mlp.hidden_dim=0"
-        )
-    for split in SPLITS:
-        path = config.data[f"{split}_file"]
-        if path and not Path(path).exists():
-            raise FileNotFoundError(f"config.data.{split}_file: no such file: {path}")
-    model_dir = Path(config.model.name_or_path).expanduser()
-    if (model_dir / "config.json").is_file():  # a hub id's is read once it is downloaded
-        bert.BertConfig.from_pretrained(model_dir)  # an unsupported model_type, named with its file
-    if config.final_params not in ("last", "best"):
-        raise config_cli.ConfigError(f"config.final_params={config.final_params!r}: choose last or best")
-    if config.model.init not in ("pretrained", "random"):
-        raise config_cli.ConfigError(f"config.model.init={config.model.init!r}: choose pretrained or random")
-    if config.model.dtype not in ("float32", "bfloat16"):
-        raise config_cli.ConfigError(f"config.model.dtype={config.model.dtype!r}: choose float32 or bfloat16")
-    for key in (
-        "log_every_steps",
-        "eval_every_steps",
-        "checkpoint_every_steps",
-        "per_device_batch_size",
-        "eval_per_device_batch_size",
-        "max_seq_length",
-    ):
-        if config[key] <= 0:
-            raise config_cli.ConfigError(f"config.{key} must be positive, got {config[key]}")
-    if config.keep_checkpoints < 1:  # 0 would keep none, and a killed run could not resume
-        raise config_cli.ConfigError(
-            f"config.keep_checkpoints={config.keep_checkpoints}: keep at least 1 (the run resumes from it)"
-        )
-    if config.seed < 0:
-        raise config_cli.ConfigError(f"config.seed={config.seed}: choose a seed of 0 or more")
-    if config.max_seq_length < MIN_SEQ_LENGTH:
-        raise config_cli.ConfigError(
-            f"config.max_seq_length={config.max_seq_length}: at least {MIN_SEQ_LENGTH} tokens, so that "
-            "text fits beside [CLS] and [SEP]"
-        )
-    if config.phase1.feature_cache and config.phase1.backbone_dropout:
-        raise config_cli.ConfigError(
-            "config.phase1.feature_cache=True needs config.phase1.backbone_dropout=False: the cache "
-            "holds the frozen backbone's outputs without dropout, and with dropout they change every step"
-        )
-    if config.phase1.feature_cache_dtype not in feature_cache.DTYPES:
-        raise config_cli.ConfigError(
-            f"config.phase1.feature_cache_dtype={config.phase1.feature_cache_dtype!r}: choose one of "
-            f"{sorted(feature_cache.DTYPES)}"
-        )
-    task = tasks.get_task(config.data.task).configure(config.data)  # the task's own data.* keys
-    heads.check_fits(config.head, task.objective, task_name=task.name)
-    if config.calibration.temperature and task.objective is not CLASSIFICATION:
-        raise config_cli.ConfigError(
-            f"config.calibration.temperature=True scales class probabilities; data.task={config.data.task!r} "
-            f"has none ({task.objective.name})"
-        )
+    """Fails early, naming the config key, before any expensive work (spec.resolve's checks)."""
+    spec.resolve(config)
 
 
-def load_datasets(config, task: task_spec.TaskSpec, tokenizer) -> dict[str, task_spec.Split]:
+def load_datasets(run_spec: RunSpec, task: task_spec.TaskSpec, tokenizer) -> dict[str, task_spec.Split]:
     """Train, dev and (when given as a local file) test, read and encoded; an unlabelled test split
     is predicted but not scored."""
-    cache_dir = config.data.cache_dir or os.environ.get(
+    cache_dir = run_spec.data.cache_dir or os.environ.get(
         "STACKFT_JAX_CACHE", str(Path.home() / ".cache" / "stackft_jax")
     )
     # A test split is evaluated only when given as a local file; dev may be held out of train.
-    paths = {split: config.data[f"{split}_file"] for split in SPLITS}
+    paths = {split: run_spec.data.file(split) for split in SPLITS}
     datasets = {}
     for split, examples in task_spec.read_splits(task, paths).items():
         datasets[split] = task_spec.load_split(
@@ -156,8 +110,8 @@ def load_datasets(config, task: task_spec.TaskSpec, tokenizer) -> dict[str, task
             paths[split],
             examples=examples,
             tokenizer=tokenizer,
-            max_seq_length=config.max_seq_length,
-            options=task.encoding_options(config.data),
+            max_seq_length=run_spec.max_seq_length,
+            options=task.encoding_options(run_spec.data.as_mapping()),
             cache_dir=Path(cache_dir) / "tokenized",
         )
     if "test" in datasets and not datasets["test"].labelled:
@@ -168,16 +122,18 @@ def load_datasets(config, task: task_spec.TaskSpec, tokenizer) -> dict[str, task
 _DROPOUT_KEYS = {"hidden_dropout_prob", "attention_probs_dropout_prob"}
 
 
-def backbone_config(config, model_dir: Path) -> bert.BertConfig:
+def backbone_config(config: RunSpec | ml_collections.ConfigDict, model_dir: Path) -> bert.BertConfig:
     """The checkpoint's encoder config (any family of bert.FAMILIES) with `config.model.config_overrides`
-    and `dropout_rate` applied."""
+    and `dropout_rate` applied (`config`: a run spec, or a config: both have these keys)."""
     overrides = {k: v for k, v in config.model.config_overrides.items() if v}
     if config.model.dropout_rate is not None:
         overrides.update(dict.fromkeys(_DROPOUT_KEYS, config.model.dropout_rate))
     return dataclasses.replace(bert.BertConfig.from_pretrained(model_dir), **overrides)
 
 
-def build_model(config, task, model_dir: Path) -> tuple[TaskModel, bert.BertConfig]:
+def build_model(
+    config: RunSpec | ml_collections.ConfigDict, task, model_dir: Path
+) -> tuple[TaskModel, bert.BertConfig]:
     bert_config = backbone_config(config, model_dir)
     model = TaskModel(
         bert_config,
@@ -197,10 +153,21 @@ def build_model(config, task, model_dir: Path) -> tuple[TaskModel, bert.BertConf
     return model, bert_config
 
 
-def gap_examples(config: ml_collections.ConfigDict, phase: phases.Phase) -> int:
+def gap_examples(run_spec: RunSpec, phase: phases.Phase) -> int:
     """How many train examples (the first ones) a frozen-backbone phase scores: the gap rule's, else the
     boundary measurement's."""
-    return phase.gap_eval_examples or config.boundary_train_examples
+    return phase.gap_eval_examples or run_spec.boundary_train_examples
+
+
+def initial_model(
+    run_spec: RunSpec, model_dir: Path, mesh: jax.sharding.Mesh
+) -> tuple[nnx.GraphDef, Any, bert.BertConfig]:
+    """The run's model before its first phase: (graph, parameters replicated over `mesh`, encoder
+    config); what benchmarks build too."""
+    model, bert_config = build_model(run_spec, run_spec.task, model_dir)
+    graphdef, state = nnx.split(model)
+    params = jax.device_put(nnx.to_pure_dict(state), sharding.replicated(mesh))
+    return graphdef, params, bert_config
 
 
 def feature_caches(ctx: Context, phase: phases.Phase, params) -> dict[str, feature_cache.FeatureCache]:
@@ -212,7 +179,7 @@ def feature_caches(ctx: Context, phase: phases.Phase, params) -> dict[str, featu
     shared = phase.feature_cache_dir not in ("", "none")  # "none": the workdir, also in a grid
     train = ctx.datasets["train"].arrays
     if not phase.feature_cache:
-        limit = min(gap_examples(ctx.config, phase), ctx.datasets["train"].num_rows)
+        limit = min(gap_examples(ctx.spec, phase), ctx.datasets["train"].num_rows)
         train = {key: value[:limit] for key, value in train.items()}
     caches = {}
     for split, arrays in (("train", train), ("dev", ctx.datasets["dev"].arrays)):
@@ -226,7 +193,7 @@ def feature_caches(ctx: Context, phase: phases.Phase, params) -> dict[str, featu
             params,
             graphdef=ctx.graphdef,
             mesh=ctx.mesh,
-            all_layers=ctx.config.model.scalar_mix,
+            all_layers=ctx.spec.model.scalar_mix,
             dtype=phase.feature_cache_dtype,
             global_batch_size=ctx.eval_global_batch_size,
             buckets=ctx.buckets,
@@ -340,7 +307,7 @@ def run_phase(
 ) -> tuple[Any, dict]:
     """Trains one phase to its stop; returns its final parameters and its record. `trained` marks the
     parameters the phase's rules train; `frozen` fingerprints the others (checkpointing.py)."""
-    config, mesh = ctx.config, ctx.mesh
+    config, mesh = ctx.spec, ctx.mesh
     replicated = sharding.replicated(mesh)
     phase_step = build_phase_step(
         phase,
@@ -428,6 +395,7 @@ def run_phase(
     )
     while stop_reason is None and step < phase.num_steps:
         local = batching.process_slice(next(batches), jax.process_index(), jax.process_count())
+        ctx.observer.step_started(phase.name, step)
         if train_features is not None:
             local = train_features.attach(local)
         state, step_metrics = phase_step.train_step(state, sharding.put_batch(local, mesh))
@@ -484,7 +452,7 @@ def run_phase(
                 split="dev",
                 metrics=dev,
             )
-            train_accuracy = None
+            train_score = None  # the task's gap metric on the train subset
             if phase.gap_eval_examples:
                 with ctx.timer.phase("gap_evaluation"):
                     train_evaluation = ctx.evaluator.evaluate(
@@ -501,11 +469,12 @@ def run_phase(
                     split="train_subset",
                     metrics=train_eval,
                 )
-                train_accuracy = train_eval.get("accuracy")
+                train_score = train_eval.get(ctx.task.gap_metric)
             stop_reason = tracker.update(
                 dev[ctx.primary_metric],
-                train_accuracy=train_accuracy,
-                dev_accuracy=dev.get("accuracy"),
+                train_score=train_score,
+                dev_score=dev.get(ctx.task.gap_metric),
+                gap_metric=ctx.task.gap_metric,
             )
             if best.get("value") is None or dev[ctx.primary_metric] > best["value"]:
                 best = {
@@ -521,7 +490,11 @@ def run_phase(
             progress.write(
                 f"{phase.name} step {step}: dev "
                 + " ".join(f"{k}={v:.4f}" for k, v in dev.items())
-                + (f" train_subset accuracy={train_accuracy:.4f}" if train_accuracy is not None else "")
+                + (
+                    f" train_subset {ctx.task.gap_metric}={train_score:.4f}"
+                    if train_score is not None
+                    else ""
+                )
             )
 
         if save_now:
@@ -643,14 +616,20 @@ def _best_or_last(workdir: Path, last_params, best: dict, mesh: jax.sharding.Mes
 
 
 def run(
-    config: ml_collections.ConfigDict, workdir: str | Path, *, allow_config_change: bool = False
+    config: ml_collections.ConfigDict | RunSpec,
+    workdir: str | Path,
+    *,
+    allow_config_change: bool = False,
+    observer: "LoopObserver | None" = None,
 ) -> dict[str, Any]:
-    """Trains and evaluates every phase of `config.strategy`; returns (and writes) results.json.
+    """Trains and evaluates every phase of the run `config` describes (a config, resolved here, or a
+    spec.resolve result); returns (and writes) results.json.
 
-    The workdir belongs to this config: a rerun with the same config resumes, one whose results-relevant
-    keys differ is refused unless `allow_config_change` (workdir.py), and so is a second live process.
+    The workdir belongs to this run: a rerun with the same config resumes, one whose results-relevant
+    keys differ is refused unless `allow_config_change` (workdirs.py), and so is a second live process.
+    `observer` is told which phase and step the loop is at (benchmarks/compile_count.py).
     """
-    check_config(config)
+    run_spec = config if isinstance(config, RunSpec) else spec.resolve(config)
     if "://" in str(workdir):
         raise ValueError(
             f"--workdir={workdir}: use a local or shared-filesystem folder; object stores "
@@ -661,17 +640,31 @@ def run(
     workdir.mkdir(parents=True, exist_ok=True)
     mesh = sharding.make_mesh()
     with workdirs.exclusive(workdir):
-        record = {
-            "config": config_cli.to_plain(config),
-            "global_batch_size": sharding.global_batch_size(config.per_device_batch_size, mesh),
-        }
-        changed = workdirs.bind_config(workdir, record, allow_change=allow_config_change)
+        global_batch = sharding.global_batch_size(run_spec.per_device_batch_size, mesh)
+        record = {"config": run_spec.raw, "global_batch_size": global_batch}
+
+        def binding(r: dict) -> dict:
+            # Both sides resolved: only what the run uses binds it, and a key newer than the record
+            # reads as its value now (a record lacking it predates it).
+            if r is record:
+                form = spec.binding_form(run_spec)
+            else:
+                try:
+                    form = spec.recorded_binding_form(r["config"], run_spec.raw)
+                except ValueError as error:
+                    raise workdirs.ConfigMismatch(
+                        f"{workdir}/{workdirs.CONFIG_FILE}: its recorded config no longer resolves "
+                        f"({error}); use a new --workdir"
+                    ) from None
+            return {**form, "global_batch_size": r.get("global_batch_size")}
+
+        changed = workdirs.bind_config(workdir, record, allow_change=allow_config_change, compare=binding)
         if workdirs.restarts(changed):  # another phase plan: the old one's checkpoints and best go
             workdirs.set_aside_progress(workdir, f"--allow_config_change changed {sorted(changed)[0]}")
-        data_files = {f"data.{split}_file": config.data[f"{split}_file"] for split in SPLITS}
+        data_files = {f"data.{split}_file": run_spec.data.file(split) for split in SPLITS}
         workdirs.bind_data(workdir, data_files, allow_change=allow_config_change)
         with timing.RunTimer() as timer:
-            results = _run(config, workdir, mesh, timer)
+            results = _run(run_spec, workdir, mesh, timer, observer or LoopObserver())
             if jax.process_index() == 0:
                 timer.write(workdir)  # this process's phases (benchmarks/time_to_result.py)
         closing = degenerate.warning(results["degenerate"])
@@ -681,30 +674,31 @@ def run(
 
 
 def _run(
-    config: ml_collections.ConfigDict, workdir: Path, mesh: jax.sharding.Mesh, timer: timing.RunTimer
+    run_spec: RunSpec,
+    workdir: Path,
+    mesh: jax.sharding.Mesh,
+    timer: timing.RunTimer,
+    observer: "LoopObserver",
 ) -> dict[str, Any]:
-    task = tasks.get_task(config.data.task).configure(config.data)
-    model_dir = bert.resolve_model_dir(config.model.name_or_path)
-    encoder = backbone_config(config, model_dir)
-    if config.max_seq_length > encoder.max_sequence_length:
+    task = run_spec.task
+    model_dir = bert.resolve_model_dir(run_spec.model.name_or_path)
+    encoder = backbone_config(run_spec, model_dir)
+    if run_spec.max_seq_length > encoder.max_sequence_length:
         raise ValueError(
-            f"config.max_seq_length={config.max_seq_length} exceeds the {encoder.max_sequence_length} "
+            f"config.max_seq_length={run_spec.max_seq_length} exceeds the {encoder.max_sequence_length} "
             f"tokens the model in {model_dir} holds (max_position_embeddings="
             f"{encoder.max_position_embeddings} in its config.json)"
         )
     with timer.phase("data"):
-        datasets = load_datasets(config, task, tokenization.load_tokenizer(model_dir))
+        datasets = load_datasets(run_spec, task, tokenization.load_tokenizer(model_dir))
     with timer.phase("model_load"):
-        model, bert_config = build_model(config, task, model_dir)
-        graphdef, state = nnx.split(model)
-        params = jax.device_put(nnx.to_pure_dict(state), sharding.replicated(mesh))
-        del model, state
+        graphdef, params, bert_config = initial_model(run_spec, model_dir, mesh)
 
-    global_batch = sharding.global_batch_size(config.per_device_batch_size, mesh)
-    buckets = batching.length_buckets(config.max_seq_length)
-    eval_global_batch = sharding.global_batch_size(config.eval_per_device_batch_size, mesh)
+    global_batch = sharding.global_batch_size(run_spec.per_device_batch_size, mesh)
+    buckets = batching.length_buckets(run_spec.max_seq_length)
+    eval_global_batch = sharding.global_batch_size(run_spec.eval_per_device_batch_size, mesh)
     ctx = Context(
-        config=config,
+        spec=run_spec,
         workdir=workdir,
         mesh=mesh,
         task=task,
@@ -718,16 +712,17 @@ def _run(
             task, graphdef, mesh, global_batch_size=eval_global_batch, buckets=buckets
         ),
         timer=timer,
+        observer=observer,
     )
     steps_per_epoch = batching.steps_per_epoch(datasets["train"].num_rows, global_batch)
-    plan = phases.phases_for(
-        config, steps_per_epoch, bert_config.num_hidden_layers, has_pooler=bert_config.family.has_pooler
+    plan = run_spec.plan(
+        steps_per_epoch, bert_config.num_hidden_layers, has_pooler=bert_config.family.has_pooler
     )
     ctx.param_names = tuple(optim.path_str(path) for path, _ in jax.tree_util.tree_leaves_with_path(params))
     phases.check_rules(plan, ctx.param_names)  # every phase's, before the first one trains
     log.info(
         "%s on %d devices, global batch %d, %d train rows (%d steps/epoch), phases %s",
-        config.strategy,
+        run_spec.strategy,
         mesh.size,
         global_batch,
         datasets["train"].num_rows,
@@ -747,11 +742,15 @@ def _run(
             params, record = finished
             log.info("%s already finished (%s)", phase.name, record["stop_reason"])
         else:
-            # Ctrl-C in a phase saves like SIGTERM (preemption.py).
-            with timer.phase("train_steps"), preemption.sigint_saves():  # less evals, saves, compiles
-                params, record = run_phase(
-                    ctx, phase, index, params, global_offset, best, trained=trained, frozen=frozen
-                )
+            ctx.observer.phase_started(phase.name)
+            try:
+                # Ctrl-C in a phase saves like SIGTERM (preemption.py).
+                with timer.phase("train_steps"), preemption.sigint_saves():  # less evals, saves, compiles
+                    params, record = run_phase(
+                        ctx, phase, index, params, global_offset, best, trained=trained, frozen=frozen
+                    )
+            finally:
+                ctx.observer.phase_ended(phase.name)
             with timer.phase("checkpoint_writes"):
                 checkpointing.save_phase_end(workdir, phase.name, params, trained, record, frozen=frozen)
         # The boundary checkpoint replaces the phase's periodic ones (a lost boundary reruns the phase).
@@ -762,7 +761,7 @@ def _run(
 
     final_started = time.time()
     scored = "last"
-    if config.final_params == "best":
+    if run_spec.final_params == "best":
         params, scored = _best_or_last(workdir, params, best, mesh)
     evaluations = {}
     if scored == "last" and plan[-1].name in ctx.dev_at_phase_end:
@@ -776,14 +775,14 @@ def _run(
         ctx.report.predictions(name, split_records)
     final = {name: done.scores for name, done in evaluations.items() if datasets[name].labelled}
     calibrated = {}
-    if config.calibration.temperature:  # fitted on dev; test (when labelled) shows how well it carries
+    if run_spec.calibration_temperature:  # fitted on dev; test (when labelled) shows how well it carries
         labelled = {name: _probabilities_and_labels(datasets[name], evaluations[name]) for name in final}
         calibrated = {"calibration": calibration.temperature_report(labelled.pop("dev"), **labelled)}
     results = {
-        "config": config_cli.to_plain(config),
+        "config": run_spec.raw,
         "task": task.describe(),
-        "strategy": config.strategy,
-        "seed": config.seed,
+        "strategy": run_spec.strategy,
+        "seed": run_spec.seed,
         "num_devices": mesh.size,
         "global_batch_size": global_batch,
         "phases": records,
@@ -796,7 +795,7 @@ def _run(
             "num_examples": {name: len(split.examples) for name, split in datasets.items()},
             # The fraction of train held out as dev; null: dev is its own file or hub split.
             "dev_held_out_fraction": (
-                task.dev_fraction if task_spec.dev_is_held_out(task, config.data.dev_file) else None
+                task.dev_fraction if task_spec.dev_is_held_out(task, run_spec.data.dev_file) else None
             ),
         },
         "final_params": scored,  # which parameters `final` scored: "last", or "best (global step N)"

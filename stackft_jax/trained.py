@@ -20,9 +20,8 @@ import jax
 import ml_collections
 from flax import nnx
 
-from stackft_jax import run_params
+from stackft_jax import run_params, spec
 from stackft_jax.cli_errors import DataError, UsageError
-from stackft_jax.data import tasks
 from stackft_jax.data.task_spec import TaskSpec
 from stackft_jax.models import bert
 
@@ -83,7 +82,7 @@ def open_workdir(workdir: str | Path, *, params: str | None = None, phase: str |
     if not workdir.is_dir():
         raise FileNotFoundError(f"--workdir={workdir}: no such folder")
     config = run_params.recorded_config(workdir)
-    task = tasks.get_task(config.data.task).configure(config.data)
+    task = spec.resolve(config, recorded=True).task
     results_file = workdir / "results.json"
     results = json.loads(results_file.read_text()) if results_file.is_file() else None
     if params is not None and params not in PARAMS:
@@ -134,9 +133,9 @@ def open_export(folder: str | Path) -> Source:
             f"--model={folder}: not an export of stackft_jax.export (no {HEAD_CONFIG} and {HEAD_WEIGHTS})"
         )
     record = json.loads(head_config.read_text())
-    config = run_params.config_from_plain(record["config"])
+    config = spec.config_from_plain(record["config"])
     config.model.name_or_path = str(folder)
-    task = tasks.get_task(config.data.task).configure(config.data)
+    task = spec.resolve(config, recorded=True).task
     return Source(folder, config, task, True, "last", None, record["run"])
 
 

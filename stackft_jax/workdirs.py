@@ -22,7 +22,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -129,12 +129,20 @@ GRID = Binding(
 
 
 def bind_config(
-    workdir: Path, record: dict[str, Any], *, allow_change: bool, binding: Binding = RUN
+    workdir: Path,
+    record: dict[str, Any],
+    *,
+    allow_change: bool,
+    binding: Binding = RUN,
+    compare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> dict[str, tuple]:
     """Records `record` (the config and what else decides results) as the workdir's on its first run;
     on a rerun, refuses a record that differs in a key that changes results, unless `allow_change` (or
     the workdir holds no progress yet), which records the new one and appends the old one to the
-    history file. Returns the differences it allowed ({}: none)."""
+    history file. Returns the differences it allowed ({}: none). `compare` maps a record (the recorded
+    one, or `record` itself) to what is compared: train.run resolves both into the keys the run uses
+    (spec.binding_form)."""
+    original = record
     workdir = Path(workdir)
     path = workdir / binding.config_file
     # JSON round trip: the comparison sees what a later rerun will read back (tuples become lists).
@@ -142,7 +150,14 @@ def bind_config(
     differences: dict[str, tuple] = {}
     if path.exists():
         recorded = json.loads(path.read_text())
-        differences = config_differences(recorded, record, neutral=binding.neutral_keys)
+        differences = (
+            config_differences(recorded, record, neutral=binding.neutral_keys)
+            if compare is None
+            else config_differences(
+                *(json.loads(json.dumps(compare(r))) for r in (recorded, original)),
+                neutral=binding.neutral_keys,
+            )
+        )
         if not differences:
             return {}
         progress = any((workdir / name).exists() for name in binding.progress)

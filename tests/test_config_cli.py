@@ -265,6 +265,35 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
             "'stack_only', 'stack_and_finetune', 'gradual_unfreezing', 'lp_ft'), or write config.phases",
         ),
         (
+            # Task x head: a pair head on a single-sentence task, tagging heads only on tagging tasks.
+            ["--config=configs/glue.py:task=sst2,head=bimpm"],
+            "config.head.name='bimpm' with config.data.task='sst2': the head compares two sentences and "
+            "the task gives one text per example; choose e.g. cls_mlp, linear, densenet or highway_lstm",
+        ),
+        (
+            ["--config=configs/tiny.py:head=bilstm"],
+            "config.head.name='bilstm' is a word tagging head, and data.task='qqp' is a classification "
+            "task: choose one of ['bimpm', 'bimpm_no_context', 'cls_mlp', 'densenet', 'esim', "
+            "'highway_lstm', 'linear', 'sim_transformer']",
+        ),
+        (
+            ["--config=configs/tiny.py:conll,head=cls_mlp"],
+            "config.head.name='cls_mlp' is a sentence head, and data.task='conll2003' is a word_tagging "
+            "task: choose one of ['bilstm', 'bilstm_crf', 'crf', 'token_mlp']",
+        ),
+        (
+            # An alias key next to a written schedule would be ignored.
+            ["--config=configs/tiny.py:three_phases", "--config.phase1.num_steps=3"],
+            "config.phases is written, and config.phase1.num_steps=3 would be ignored: set it in the phase "
+            "blocks instead (phases.clear_aliases resets the alias keys in a config file)",
+        ),
+        (
+            # A stop rule that could never fire.
+            ["--config=configs/tiny.py:task=stsb,phase1.gap_eval_examples=0"],
+            "config.phase1.max_train_dev_gap=1.0 needs config.phase1.gap_eval_examples > 0 (the train "
+            "examples scored for the train/dev pearson gap); set max_train_dev_gap=none to turn the rule off",
+        ),
+        (
             # A task's own data.* keys are checked before anything runs (TaskSpec.configure).
             ["--config=configs/yahoo.py", "--config.data.classes=society_culture+cooking"],
             "config.data.classes='society_culture+cooking': unknown topic 'cooking'; choose from "

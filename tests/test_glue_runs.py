@@ -77,6 +77,19 @@ def test_stsb_regression_with_a_pair_head(tmp_path):
     assert results["phases"][0]["stop_reason"].startswith("step budget")
 
 
+def test_stsb_gap_rule_compares_pearson(tmp_path):
+    """The phase-1 gap rule reads the task's declared gap metric: on STS-B (no accuracy) it fires on
+    pearson instead of scoring train rows to no effect."""
+    _write_stsb(tmp_path / "stsb.tsv")
+    config = _tiny_glue("stsb", tmp_path / "stsb.tsv")
+    config.phase1.max_train_dev_gap = -2.0  # any pearson gap (at least -2) exceeds this
+    config.phase1.num_steps = 9
+    results = train.run(config, tmp_path / "run")
+    phase1 = results["phases"][0]
+    assert phase1["steps"] == config.eval_every_steps
+    assert phase1["stop_reason"].startswith("train/dev pearson gap")
+
+
 def test_unknown_glue_task_names_the_choices():
     with pytest.raises(ValueError, match="mrpc"):
         glue.get_config("task=cola")

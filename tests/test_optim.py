@@ -190,12 +190,12 @@ def test_schedules(shape):
 
 def test_stop_tracker_gap_and_patience():
     tracker = phases.StopTracker(phases.StopRule(max_train_dev_gap=0.05, patience_evals=2))
-    assert tracker.update(0.70, train_accuracy=0.72, dev_accuracy=0.70) is None
-    assert "gap" in tracker.update(0.71, train_accuracy=0.80, dev_accuracy=0.71)
+    assert tracker.update(0.70, train_score=0.72, dev_score=0.70) is None
+    assert "gap" in tracker.update(0.71, train_score=0.80, dev_score=0.71)
     tracker = phases.StopTracker(phases.StopRule(patience_evals=2))
-    assert tracker.update(0.70, train_accuracy=None, dev_accuracy=None) is None
-    assert tracker.update(0.69, train_accuracy=None, dev_accuracy=None) is None
-    assert "did not improve" in tracker.update(0.70, train_accuracy=None, dev_accuracy=None)
+    assert tracker.update(0.70, train_score=None, dev_score=None) is None
+    assert tracker.update(0.69, train_score=None, dev_score=None) is None
+    assert "did not improve" in tracker.update(0.70, train_score=None, dev_score=None)
     restored = phases.StopTracker(tracker.rule)
     restored.load_state_dict(tracker.state_dict())
     assert restored.state_dict() == tracker.state_dict()

@@ -86,6 +86,52 @@ def test_rerun_with_another_seed_is_refused_before_any_work(tmp_path):
     )
 
 
+def _edit_record(workdir, edit) -> None:
+    path = workdir / workdirs.CONFIG_FILE
+    record = json.loads(path.read_text())
+    edit(record["config"])
+    path.write_text(json.dumps(record))
+
+
+def test_an_older_record_resumes_when_only_unused_or_newer_keys_differ(tmp_path):
+    """Binding compares what the run uses: a record written before a head or a key with a default
+    existed (no `head.bimpm` block, no `boundary_train_examples`), with a key removed since, still
+    resumes, and so does a change to another head's or an unused alias block's keys; the seed binds."""
+    args = "phase1.num_steps=2,phase2.num_steps=2"
+    first = train.run(tiny.get_config(args), tmp_path)
+
+    def predate(config):
+        del config["head"]["bimpm"], config["boundary_train_examples"]
+        del config["phase1"]["feature_cache_dtype"]
+        config["a_key_removed_since"] = 3
+
+    _edit_record(tmp_path, predate)
+    later = tiny.get_config(f"{args},head.esim.mlp_hidden_dim=7,unfreezing.layers_per_phase=2")
+    again = train.run(later, tmp_path)
+    assert [p["steps"] for p in again["phases"]] == [p["steps"] for p in first["phases"]]
+    assert again["final"] == first["final"]
+    assert not (tmp_path / workdirs.HISTORY_FILE).exists()  # resumed, not re-bound
+    with pytest.raises(workdirs.ConfigMismatch, match="config.seed: 0 recorded, 1 now"):
+        train.run(tiny.get_config(f"{args},seed=1"), tmp_path)
+    with pytest.raises(workdirs.ConfigMismatch, match=r"config.head.cls_mlp.hidden_dim: 16 recorded, 8 now"):
+        train.run(tiny.get_config(f"{args},head.cls_mlp.hidden_dim=8"), tmp_path)
+
+
+def test_a_written_schedule_recorded_before_a_block_key_resumes(tmp_path):
+    args = "three_phases,phases.0.num_steps=2,phases.1.num_steps=2,phases.2.num_steps=2"
+    first = train.run(tiny.get_config(args), tmp_path)
+
+    def predate(config):
+        for block in config["phases"]:
+            del block["feature_cache_dtype"]
+        config["phase1"]["num_steps"] = 6  # as tiny.py's three_phases left it before it cleared them
+
+    _edit_record(tmp_path, predate)
+    assert train.run(tiny.get_config(args), tmp_path)["final"] == first["final"]
+    with pytest.raises(workdirs.ConfigMismatch, match=r"config.phases.1.num_steps: 2 recorded, 3 now"):
+        train.run(tiny.get_config(args.replace("phases.1.num_steps=2", "phases.1.num_steps=3")), tmp_path)
+
+
 def test_a_live_run_holds_the_workdir(tmp_path):
     with workdirs.exclusive(tmp_path):
         with pytest.raises(workdirs.WorkdirInUse, match="in use by a live run"):

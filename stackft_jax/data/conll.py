@@ -178,6 +178,10 @@ class ConllTask(TaskSpec):
     metrics: tuple[str, ...] = ("f1", "precision", "recall", "accuracy")
 
     @property
+    def gap_metric(self) -> str:
+        return "accuracy"
+
+    @property
     def num_outputs(self) -> int:
         return len(self.tags)
 

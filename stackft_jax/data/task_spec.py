@@ -57,6 +57,11 @@ class TaskSpec(abc.ABC):
         return self
 
     @property
+    def gap_metric(self) -> str:
+        """The metric of the phase-1 train/dev gap rule (`max_train_dev_gap`): the primary one."""
+        return self.metrics[0]
+
+    @property
     def output_names(self) -> tuple[str, ...]:
         """A name per output (class or tag names); heads may use them (a CRF's IOB2 constraints)."""
         return tuple(str(i) for i in range(self.num_outputs))

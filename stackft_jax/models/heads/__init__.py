@@ -6,6 +6,8 @@ trailing `#` comment: `--show_config` prints it) and an `nnx.Module` whose const
 `(features: Features, *, deterministic, rngs) -> outputs`; then add one line below. The outputs are what
 the task's objective (objectives.py) takes: `[batch, num_outputs]` logits for sentence(-pair) tasks, a
 `WordScores` (models/word_scores.py) for word tagging, where `features.word_states()` gives the words.
+A head that needs the two texts of a pair sets the class attribute `reads = PAIR`, a word tagger
+`reads = WORDS` (spec.resolve refuses them on other tasks).
 `num_outputs` is the task's number of classes or tags (1 for regression); `output_names` their names
 (a tagging head's CRF derives its IOB2 constraints from them; other heads ignore them).
 """
@@ -45,6 +47,15 @@ HEADS = {
     "bilstm_crf": (tagger.bilstm_crf_config, tagger.WordTaggerHead),
     "crf": (tagger.crf_config, tagger.WordTaggerHead),
 }
+
+
+# What a head reads (its class's `reads`; default TEXT): any text or text pair through [CLS] or pooled
+# states, the two texts of a pair, or words. spec.resolve checks it against the task.
+TEXT, PAIR, WORDS = "text", "sentence_pair", "words"
+
+
+def head_input(name: str) -> str:
+    return getattr(HEADS[name][1], "reads", TEXT)
 
 
 def default_head_configs() -> ml_collections.ConfigDict:

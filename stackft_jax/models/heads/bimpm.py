@@ -228,6 +228,8 @@ class BiMpmHead(nnx.Module):
     final states (forward at the last token, backward at the first, of P and of Q) -> dense(tanh)
     -> dense."""
 
+    reads = "sentence_pair"  # what it reads (heads.head_input): the two texts of a pair
+
     def __init__(
         self,
         config: ml_collections.ConfigDict,

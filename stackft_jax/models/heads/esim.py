@@ -40,6 +40,8 @@ def _masked_softmax(scores: jax.Array, mask: jax.Array, axis: int) -> jax.Array:
 
 
 class EsimHead(nnx.Module):
+    reads = "sentence_pair"  # what it reads (heads.head_input): the two texts of a pair
+
     def __init__(
         self,
         config: ml_collections.ConfigDict,

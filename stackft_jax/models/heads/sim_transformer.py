@@ -105,6 +105,8 @@ class EncoderLayer(nnx.Module):
 
 
 class SimTransformerHead(nnx.Module):
+    reads = "sentence_pair"  # what it reads (heads.head_input): the two texts of a pair
+
     def __init__(
         self,
         config: ml_collections.ConfigDict,

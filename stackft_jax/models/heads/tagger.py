@@ -64,6 +64,8 @@ class WordTaggerHead(nnx.Module):
     """words -> dropout -> [BiLSTM -> dropout] x lstm_layers -> [dense(ReLU) -> dropout] -> dense(tags)
     [-> CRF]."""
 
+    reads = "words"  # what it reads (heads.head_input): words, one score vector each
+
     def __init__(
         self,
         config: ml_collections.ConfigDict,
