@@ -33,9 +33,7 @@ PEAK_BF16_FLOPS = {
 FORWARD_PASSES = {"full": 3.0, "phase1": 1.0, "eval": 1.0}
 
 
-def forward_flops(
-    *, num_layers: int, hidden: int, intermediate: int, batch: int, seq_len: int
-) -> float:
+def forward_flops(*, num_layers: int, hidden: int, intermediate: int, batch: int, seq_len: int) -> float:
     """Matmul FLOPs of one BERT encoder forward over `batch` x `seq_len` tokens."""
     tokens = batch * seq_len
     per_token_per_layer = 2 * (4 * hidden * hidden + 2 * hidden * intermediate) + 2 * 2 * seq_len * hidden

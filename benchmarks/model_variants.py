@@ -115,9 +115,7 @@ def _layer_norm_fwd(x, scale, bias, eps):
 def _layer_norm_bwd(residuals, dy):
     normalized, inverse_std, scale = residuals
     g = dy * scale
-    dx = inverse_std * (
-        g - g.mean(-1, keepdims=True) - normalized * (g * normalized).mean(-1, keepdims=True)
-    )
+    dx = inverse_std * (g - g.mean(-1, keepdims=True) - normalized * (g * normalized).mean(-1, keepdims=True))
     leading = tuple(range(dy.ndim - 1))
     return dx, (dy * normalized).sum(leading), dy.sum(leading), None
 

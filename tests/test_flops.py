@@ -20,8 +20,14 @@ def test_train_speed_accelerator_report(tmp_path):
     # Forced on the CPU with a made-up peak, so the MFU arithmetic runs where CI runs.
     out = tmp_path / "train_speed.json"
     train_speed.main(
-        ["--quick", "--models=tiny", "--frameworks=jax", "--accelerator-report=on", "--peak-tflops=0.5",
-         f"--out={out}"]
+        [
+            "--quick",
+            "--models=tiny",
+            "--frameworks=jax",
+            "--accelerator-report=on",
+            "--peak-tflops=0.5",
+            f"--out={out}",
+        ]
     )
     payload = _read(out)
     report = payload["results"]["tiny"]["accelerator"]

@@ -22,9 +22,26 @@ LAUNCH = REPO / "launch"
 SCRIPTS = sorted(LAUNCH.glob("*.sh"))
 ENTRY_POINTS = [p for p in SCRIPTS if p.name != "common.sh"]
 # Every setting the scripts read: removed from the environment so the host's own cannot leak in.
-SETTINGS = ("TPU_NAME", "ZONE", "PROJECT", "ACCELERATOR_TYPE", "RUNTIME_VERSION", "REPO_URL",
-            "BRANCH", "WORKDIR", "CONFIG", "REMOTE_DIR", "VENV", "PYTHON_VERSION", "NUM_WORKERS",
-            "SHARED_WORKDIR", "BACKUP_URL", "BACKUP_EVERY_S", "LOCAL_DIR", "STOP_WAIT_S")
+SETTINGS = (
+    "TPU_NAME",
+    "ZONE",
+    "PROJECT",
+    "ACCELERATOR_TYPE",
+    "RUNTIME_VERSION",
+    "REPO_URL",
+    "BRANCH",
+    "WORKDIR",
+    "CONFIG",
+    "REMOTE_DIR",
+    "VENV",
+    "PYTHON_VERSION",
+    "NUM_WORKERS",
+    "SHARED_WORKDIR",
+    "BACKUP_URL",
+    "BACKUP_EVERY_S",
+    "LOCAL_DIR",
+    "STOP_WAIT_S",
+)
 REQUIRED = {
     "create_tpu.sh": ["TPU_NAME", "ZONE"],
     "delete_tpu.sh": ["TPU_NAME", "ZONE"],
@@ -50,8 +67,12 @@ def test_bash_syntax(script):
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
 def test_shellcheck():
-    result = subprocess.run(["shellcheck", "-x", *[str(p.relative_to(REPO)) for p in SCRIPTS]],
-                            cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run(
+        ["shellcheck", "-x", *[str(p.relative_to(REPO)) for p in SCRIPTS]],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -83,8 +104,9 @@ def _env(path: str, **settings: str) -> dict[str, str]:
 
 
 def _run(script: str, *args: str, env: dict[str, str], timeout: int = 60):
-    return subprocess.run(["bash", str(LAUNCH / script), *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        ["bash", str(LAUNCH / script), *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.parametrize("script", ENTRY_POINTS, ids=lambda p: p.name)
@@ -178,7 +200,7 @@ elif words[:2] == ["storage", "ls"]:
 
 # Plays the installed package: `-m stackft_jax.main` "trains" for FAKE_RUN_S seconds, resuming when
 # WORKDIR has checkpoints and saving on SIGTERM; anything else (pip, -c checks) is only recorded.
-FAKE_PYTHON = '''#!/bin/bash
+FAKE_PYTHON = """#!/bin/bash
 echo "$PWD $*" >>"$HOME/python_calls.log"
 [ "${1:-} ${2:-}" = "-m stackft_jax.main" ] || exit 0
 for arg; do case "$arg" in --workdir=*) workdir="${arg#--workdir=}" ;; esac; done
@@ -191,15 +213,15 @@ echo '{"phase": "phase1", "global_step": 20, "split": "dev", "accuracy": 0.5}' \
   >>"$workdir/metrics.jsonl"
 echo '{"final": {"dev": {"accuracy": 0.5}}}' >"$workdir/results.json"
 echo "final: dev.accuracy=0.5000"
-'''
+"""
 
-FAKE_UV = '''#!/bin/bash
+FAKE_UV = """#!/bin/bash
 # uv venv --seed --python VERSION DIR
 echo "uv $*" >>"$HOME/uv_calls.log"
 dir="${!#}"
 mkdir -p "$dir/bin"
 cp "$FAKE_ROOT/fake_python" "$dir/bin/python"
-'''
+"""
 
 
 class FakeTPU:
@@ -207,15 +229,22 @@ class FakeTPU:
         self.root = root
         bin_dir = root / "bin"
         bin_dir.mkdir()
-        for name, text in (("gcloud", FAKE_GCLOUD.format(python=sys.executable)),
-                           ("uv", FAKE_UV),
-                           ("hostname", '#!/bin/sh\necho "${FAKE_HOST:-t1v-w-0}"\n')):
+        for name, text in (
+            ("gcloud", FAKE_GCLOUD.format(python=sys.executable)),
+            ("uv", FAKE_UV),
+            ("hostname", '#!/bin/sh\necho "${FAKE_HOST:-t1v-w-0}"\n'),
+        ):
             (bin_dir / name).write_text(text)
             (bin_dir / name).chmod(0o755)
         (root / "fake_python").write_text(FAKE_PYTHON)
         (root / "fake_python").chmod(0o755)
-        self.env = _env(f"{bin_dir}{os.pathsep}{path}", FAKE_ROOT=str(root),
-                        TPU_NAME="stackft-test", ZONE="us-west4-a", STOP_WAIT_S="20")
+        self.env = _env(
+            f"{bin_dir}{os.pathsep}{path}",
+            FAKE_ROOT=str(root),
+            TPU_NAME="stackft-test",
+            ZONE="us-west4-a",
+            STOP_WAIT_S="20",
+        )
 
     def home(self, worker: int = 0) -> Path:
         return self.root / f"worker{worker}"
@@ -266,8 +295,16 @@ def tpu(tmp_path, path_without_gcloud):
 def test_create_passes_type_runtime_and_spot(tpu):
     tpu.run("create_tpu.sh", "--spot")
     assert tpu.gcloud_calls()[-1] == [
-        "compute", "tpus", "tpu-vm", "create", "stackft-test", "--version=v2-alpha-tpuv5-lite",
-        "--accelerator-type=v5litepod-8", "--spot", "--zone=us-west4-a"]
+        "compute",
+        "tpus",
+        "tpu-vm",
+        "create",
+        "stackft-test",
+        "--version=v2-alpha-tpuv5-lite",
+        "--accelerator-type=v5litepod-8",
+        "--spot",
+        "--zone=us-west4-a",
+    ]
     tpu.run("create_tpu.sh", ACCELERATOR_TYPE="v4-8", PROJECT="my-project")
     call = tpu.gcloud_calls()[-1]
     assert "--version=tpu-ubuntu2204-base" in call and "--project=my-project" in call
@@ -292,12 +329,22 @@ def test_delete_removes_the_queued_resource_when_there_is_one(tpu):
     assert "--quiet" in tpu.gcloud_calls()[-1]
     tpu.run("delete_tpu.sh", "--yes", FAKE_QUEUED="1")
     assert tpu.gcloud_calls()[-1][:6] == [
-        "compute", "tpus", "queued-resources", "delete", "stackft-test", "--force"]
+        "compute",
+        "tpus",
+        "queued-resources",
+        "delete",
+        "stackft-test",
+        "--force",
+    ]
 
 
 def _git(*args: str, cwd: Path) -> None:
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=cwd,
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+    )
 
 
 def test_install_clones_then_updates_and_installs_on_every_worker(tpu, tmp_path):
@@ -337,7 +384,8 @@ def test_run_starts_in_background_refuses_a_second_run_and_resumes_after_stop(tp
     assert time.time() - started < 20, "run.sh must not wait for the training"
     assert _main_calls(tpu) == [
         f"{tpu.home() / 'stackft_jax'} -m stackft_jax.main --config=configs/quora.py "
-        f"--config.strategy=finetune_only --workdir={workdir}"]
+        f"--config.strategy=finetune_only --workdir={workdir}"
+    ]
     _wait_for(lambda: "fresh start" in log.read_text(), "the run to start")
 
     again = tpu.run("run.sh", WORKDIR="runs/demo", check=False)
@@ -366,8 +414,10 @@ def test_multi_host_runs_need_a_shared_workdir_and_get_distributed(tpu, tmp_path
     tpu.run("run.sh", WORKDIR=str(shared), FAKE_NUM_WORKERS="2", SHARED_WORKDIR="1", FAKE_RUN_S="0")
     for worker in (0, 1):
         assert _main_calls(tpu, worker)[0].endswith(f"--distributed --workdir={shared}")
-        _wait_for(lambda w=worker: "final:" in (shared / "logs" / f"t1v-w-{w}.log").read_text(),
-                  f"worker {worker} to finish")
+        _wait_for(
+            lambda w=worker: "final:" in (shared / "logs" / f"t1v-w-{w}.log").read_text(),
+            f"worker {worker} to finish",
+        )
 
 
 def test_run_rejects_a_cloud_storage_workdir_and_an_explicit_workdir_flag(tpu):
@@ -380,8 +430,7 @@ def test_run_rejects_a_cloud_storage_workdir_and_an_explicit_workdir_flag(tpu):
 def test_backup_lets_a_recreated_vm_resume_and_outlives_it(tpu, tmp_path):
     """Preemption: VM and disk are gone; the same run.sh on a new VM resumes from the mirror."""
     tpu.install()
-    settings = {"WORKDIR": "runs/demo", "BACKUP_URL": "gs://bucket/runs/demo",
-                "BACKUP_EVERY_S": "1"}
+    settings = {"WORKDIR": "runs/demo", "BACKUP_URL": "gs://bucket/runs/demo", "BACKUP_EVERY_S": "1"}
     mirror = tmp_path / "gcs" / "bucket" / "runs" / "demo"
     tpu.run("run.sh", **settings, FAKE_RUN_S="2")
     backup_log = tpu.home() / "runs" / "demo" / "logs" / "t1v-w-0.backup.log"
