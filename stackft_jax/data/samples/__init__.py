@@ -1,11 +1,12 @@
 """Small invented datasets shipped with the package, for the offline README demo.
 
-`qqp_train.tsv` / `qqp_dev.tsv` (GLUE QQP layout, 400 / 100 pairs, 37% duplicates) are written by
-`make_qqp_sample.py` in this folder; they are not Quora data. `conll_train.txt` / `conll_dev.txt`
-(CoNLL-2003 layout, IOB1 tags, 402 / 101 sentences in 71 / 18 documents) are written by
-`make_conll_sample.py`; they are invented news items, not Reuters text. `yahoo_train.csv` /
-`yahoo_dev.csv` (the `text,topic` layout of Yahoo Answers, 400 / 100 questions with answers, two
-topics) are written by `make_yahoo_sample.py`; they are invented, not Yahoo text.
+`qqp_train.tsv` / `qqp_dev.tsv` (GLUE QQP layout, 400 / 100 pairs, 37% duplicates) are invented, not
+Quora data; `conll_train.txt` / `conll_dev.txt` (CoNLL-2003 layout, IOB1 tags, 402 / 101 sentences in
+71 / 18 documents) are invented news items, not Reuters text; `yahoo_train.csv` / `yahoo_dev.csv` (the
+`text,topic` layout of Yahoo Answers, 400 / 100 questions with answers, two topics) are invented, not
+Yahoo text. The scripts that write them live outside the package, in tools/samples/
+(`python tools/samples/make_qqp_sample.py`, ..._conll_..., ..._yahoo_...; tests/test_samples.py checks
+that they reproduce these files byte for byte).
 """
 
 from pathlib import Path

@@ -6,7 +6,7 @@ different: either the same intent about another topic ("learn Python" / "learn J
 intent about the same topic ("learn Python" / "is Python worth learning"). About 37% of pairs are
 duplicates, as in QQP. Deterministic: rerunning rewrites identical files.
 
-    python stackft_jax/data/samples/make_qqp_sample.py
+    python tools/samples/make_qqp_sample.py
 """
 
 import argparse
@@ -203,7 +203,11 @@ def write_tsv(path: Path, pairs: list[tuple], qids: dict[str, int]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out_dir", type=Path, default=Path(__file__).parent)
+    parser.add_argument(
+        "--out_dir",
+        type=Path,
+        default=Path(__file__).resolve().parents[2] / "stackft_jax" / "data" / "samples",
+    )
     args = parser.parse_args()
     rng = random.Random(SEED)
     total = NUM_TRAIN + NUM_DEV

@@ -11,7 +11,7 @@ chunk columns come from a small lexicon (unknown lower-case words NN, entities N
 JJ); stackft_jax reads only the words and NER tags. Not Reuters text. Deterministic: rerunning
 rewrites identical files.
 
-    python stackft_jax/data/samples/make_conll_sample.py
+    python tools/samples/make_conll_sample.py
 """
 
 import argparse
@@ -177,7 +177,11 @@ def write_conll(path: Path, documents: list[list[list[str]]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out_dir", type=Path, default=Path(__file__).parent)
+    parser.add_argument(
+        "--out_dir",
+        type=Path,
+        default=Path(__file__).resolve().parents[2] / "stackft_jax" / "data" / "samples",
+    )
     args = parser.parse_args()
     rng = random.Random(SEED)
     args.out_dir.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ neutral words, with a one-sentence hint of their topic in the answer, and 5% of 
 as askers file questions under the wrong topic. Some answers run over several lines and hold commas
 and quotes, so the csv module's quoting is exercised. Deterministic: rerunning rewrites identical files.
 
-    python stackft_jax/data/samples/make_yahoo_sample.py
+    python tools/samples/make_yahoo_sample.py
 """
 
 import argparse
@@ -152,7 +152,11 @@ def write_csv(path: Path, rows: list[tuple[str, str]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out_dir", type=Path, default=Path(__file__).parent)
+    parser.add_argument(
+        "--out_dir",
+        type=Path,
+        default=Path(__file__).resolve().parents[2] / "stackft_jax" / "data" / "samples",
+    )
     args = parser.parse_args()
     rng = random.Random(SEED)
     seen: set[str] = set()
