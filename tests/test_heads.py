@@ -227,6 +227,10 @@ def cheap_compiles():
     jax.config.update("jax_disable_most_optimizations", True)
     yield
     jax.config.update("jax_disable_most_optimizations", previous)
+    # The flag is not part of JAX's in-memory cache keys: programs compiled under it (eager ops of a
+    # model's init among them) would be reused by later tests in this process and round differently
+    # from a fresh process, which a resumed run's frozen-parameter fingerprint rightly refuses.
+    jax.clear_caches()
 
 
 ALL_HEADS = sorted(HEADS)
