@@ -16,9 +16,22 @@ from stackft_jax import config_cli
 
 
 def small(c: ml_collections.ConfigDict) -> None:
-    c.base = (
-        "configs/conll03.py:mini,data.train_file=../shared/data/conll2003/eng.train,"
-        "data.dev_file=../shared/data/conll2003/eng.testa"
+    c.base = ",".join(
+        [
+            "configs/conll03.py:mini",
+            "data.train_file=../shared/data/conll2003/eng.train",
+            "data.dev_file=../shared/data/conll2003/eng.testa",
+            # 200 steps of 32 sentences per phase (6,400 sentences, 46% of an epoch): the pilot's
+            # finetune-only curve (docs/grids/pilot_conll) and the CPU budget in the docstring.
+            "phase1.num_steps=200",
+            "phase2.num_steps=200",
+            # The frozen backbone without dropout: its features are computed once for every cell and
+            # seed (the grid's shared feature cache), so stack_only and phase 1 cost the head alone.
+            "phase1.backbone_dropout=False",
+            "phase1.feature_cache=True",
+            "eval_every_steps=100",  # phase 1's gap rule sees two evaluations; phase ends are scored
+            "checkpoint_every_steps=1000",  # resume at phase boundaries only
+        ]
     )
 
 

@@ -18,9 +18,18 @@ from stackft_jax import config_cli
 
 
 def small(c: ml_collections.ConfigDict) -> None:
-    c.base = (
-        "configs/yahoo.py:mini,data.train_file=../shared/data/yahoo_answers/train.csv,"
-        "data.dev_file=../shared/data/yahoo_answers/dev.csv"
+    c.base = ",".join(
+        [
+            "configs/yahoo.py:mini",
+            "data.train_file=../shared/data/yahoo_answers/train.csv",
+            "data.dev_file=../shared/data/yahoo_answers/dev.csv",
+            # The frozen backbone without dropout: its features are computed once for every cell and
+            # seed (the grid's shared feature cache), so stack_only and phase 1 cost the head alone.
+            "phase1.backbone_dropout=False",
+            "phase1.feature_cache=True",
+            "eval_every_steps=75",  # phase 1's gap rule sees two evaluations; phase ends are scored
+            "checkpoint_every_steps=1000",  # resume at phase boundaries only
+        ]
     )
 
 
