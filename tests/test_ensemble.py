@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from stackft_jax import ensemble, predictions
+from stackft_jax import config_cli, predictions
+from stackft_jax.experiments import ensemble
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -45,10 +46,15 @@ def _write_run(workdir, name, *, task="qqp", final=None, p1=None, labels=None, k
             for i, (p, label) in enumerate(zip(p1[split], split_labels, strict=True))
         ]
         predictions.write(predictions.path(workdir, split), records)
+    seed = 0 if name == "a" else 1
+    # The config a run records (train.run): the members' task, head, strategy and seed are read from it.
+    config = config_cli.load(
+        str(REPO / "configs/tiny.py"), [f"data.task={task}", "strategy=stack_and_finetune", f"seed={seed}"]
+    )
     results = {
-        "config": {"data": {"task": task}, "head": {"name": "cls_mlp"}},
+        "config": config_cli.to_plain(config),
         "strategy": "stack_and_finetune",
-        "seed": 0 if name == "a" else 1,
+        "seed": seed,
         "final": final or FINAL[name],
     }
     if data is not None:
