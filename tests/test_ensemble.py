@@ -131,9 +131,13 @@ def test_unfinished_and_regression_runs_are_refused(runs, tmp_path):
     (tmp_path / "unfinished").mkdir()
     with pytest.raises(ensemble.EnsembleError, match="unfinished: no results.json"):
         ensemble.ensemble([runs[0], tmp_path / "unfinished"])
+    # The task comes from the run's recorded config (resolved), not from the records' shape.
+    regression = _write_run(tmp_path / "stsb", "b", task="stsb")
+    with pytest.raises(ensemble.EnsembleError, match="data.task='stsb', a regression task"):
+        ensemble.ensemble([runs[0], regression])
     file = predictions.path(runs[1], "dev")
     predictions.write(file, [{"key": "dev0", "prediction": 2.5, "label": 3.0}])
-    with pytest.raises(ensemble.EnsembleError, match="has no `probabilities`: not a classification run"):
+    with pytest.raises(ensemble.EnsembleError, match="has no `probabilities`, which the classification run"):
         ensemble.ensemble(runs)
     with pytest.raises(ensemble.EnsembleError, match="at least two runs"):
         ensemble.ensemble(runs[:1])

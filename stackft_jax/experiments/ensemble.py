@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from stackft_jax import cli_errors, metrics, predictions, spec
+from stackft_jax import cli_errors, metrics, objectives, predictions, spec
 
 WEIGHT_RULES = ("equal", "dev")
 GRID_STEPS = 10  # dev weights are multiples of 1 / GRID_STEPS
@@ -63,6 +63,13 @@ def load_member(workdir: str | Path) -> Member:
     if not results_file.is_file():
         raise EnsembleError(f"{workdir}: no results.json (not a finished run)")
     results = json.loads(results_file.read_text())
+    run_spec = _recorded_spec(workdir, results)
+    task = run_spec.task
+    if task.objective is not objectives.CLASSIFICATION:
+        raise EnsembleError(
+            f"{workdir} ran data.task={task.name!r}, a {task.objective.name} task: ensembles average class "
+            "probabilities, which only classification runs have"
+        )
     records = {}
     for split in ("dev", "test"):
         file = predictions.path(workdir, split)
@@ -74,10 +81,10 @@ def load_member(workdir: str | Path) -> Member:
         missing = next((k for k, r in split_records.items() if "probabilities" not in r), None)
         if missing is not None:
             raise EnsembleError(
-                f"{predictions.path(workdir, split)}: record {missing!r} has no `probabilities`: not a "
-                "classification run (ensembles average class probabilities)"
+                f"{predictions.path(workdir, split)}: record {missing!r} has no `probabilities`, which "
+                "the classification run writes (predictions edited, or from another run)"
             )
-    return Member(workdir, results, records, _recorded_spec(workdir, results))
+    return Member(workdir, results, records, run_spec)
 
 
 def _check_distinct(workdirs: Sequence[str | Path]) -> None:
