@@ -16,10 +16,10 @@ A grid config (configs/experiments/*.py) holds:
             values and seed (paired)
   metric    the metric the comparisons use (a key of results.json's `final.dev`)
   ensembles optional, "" by default: "key=v1+v2; key2=..." averages the class probabilities of the runs
-            with those values of that axis (equal weights, experiments/ensemble.py), per seed and combination of the
-            other axes' values; the report builds them from the finished runs in WORKDIR/ensembles/ and
-            shows each as a cell whose value is `v1+v2` (compared with the baseline like any cell);
-            classification only, refused before training otherwise
+            with those values of that axis (equal weights, experiments/ensemble.py), per seed and
+            combination of the other axes' values; the report builds them from the finished runs in
+            WORKDIR/ensembles/ and shows each as a cell whose value is `v1+v2` (compared with the
+            baseline like any cell); classification only, refused before training otherwise
   paper_results optional, "" by default: "<cell name>: <gain in points>; ..." the gain over the baseline
             that a paper reports for that cell (source in the grid config's comment); the report's
             paper-layout table shows it beside the measured gain, `not found` where it has none
