@@ -330,7 +330,9 @@ def _fake_classifier(workdir, run: cells.Run, p1: list[float]) -> None:
     holds the metrics of those predictions (an ensemble recomputes and checks them)."""
     predicted = [int(p > 0.5) for p in p1]
     final = metrics.compute_metrics(("accuracy", "f1"), np.asarray(predicted), np.asarray(DEV_LABELS))
-    results = {"config": {"data": {"task": "qqp"}}, "final": {"dev": final}, "phases": []}
+    # The config train.run records: an ensemble resolves it to know each member's task.
+    config = config_cli.to_plain(grid.run_config(_grid(), run))
+    results = {"config": config, "final": {"dev": final}, "phases": []}
     records = [
         {"key": f"ex{i}", "prediction": y, "label": label, "probabilities": [1 - p, p]}
         for i, (p, y, label) in enumerate(zip(p1, predicted, DEV_LABELS, strict=True))
