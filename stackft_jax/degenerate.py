@@ -13,7 +13,7 @@ A run is flagged, per scored split, from its prediction records (predictions.py)
                          when the tags have no `O`)
 
 train.py writes the flags to results.json (`final.<split>.degenerate`) and warns in the run's last log
-line; experiment_report.py marks flagged cells and every comparison against or by one.
+line; experiments/report.py marks flagged cells and every comparison against or by one.
 """
 
 import collections

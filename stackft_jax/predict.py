@@ -85,7 +85,7 @@ def main(argv: list[str]) -> None:
     examples = None if FLAGS.input == STDIN else inference.read_input(source.task, Path(FLAGS.input))
     from stackft_jax import compilation_cache, predictions
 
-    compilation_cache.enable(source.config.compilation_cache_dir)
+    compilation_cache.enable(source.run_spec.compilation_cache_dir)
     predictor = inference.Predictor(source, per_device_batch_size=FLAGS.per_device_batch_size)
     print(f"{source.path}: {predictor.loaded.which} parameters, task {source.task.name}", file=sys.stderr)
     if examples is None:

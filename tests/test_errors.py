@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from configs import tiny
-from stackft_jax import cli_errors, config_cli, grid, train, workdirs
+from stackft_jax import cli_errors, config_cli, train, workdirs
+from stackft_jax.experiments import grid
 from tests.test_ensemble import _write_run
 from tests.test_experiment import _grid
 from tests.test_train import _assert_same_run, signal_after_the_first_checkpoint
