@@ -189,7 +189,7 @@ def share_feature_cache(config: ml_collections.ConfigDict, workdir: str | Path) 
     """Points each phase without its own `feature_cache_dir` (`phase1.*`, or a written phase's) at the
     grid's: cells and seeds with the same backbone and data then build the frozen features once between
     them (the train features of a feature-cached phase; the dev and gap-subset features that every
-    frozen-backbone phase evaluates on, train.feature_caches). A phase that trains the backbone reads
+    frozen-backbone phase evaluates on, loop.feature_caches). A phase that trains the backbone reads
     no cache."""
     for block in [config.phase1, *config.phases]:
         if not block.feature_cache_dir:
@@ -257,11 +257,11 @@ def plan_grid(
     configs = {run: run_config(grid, run) for run in runs}  # every cell's keys checked up front
     for config in configs.values():
         share_feature_cache(config, workdir)
-    from stackft_jax import train, workdirs  # jax starts only once the grid is known to be valid
+    from stackft_jax import spec, workdirs  # jax starts only once the grid is known to be valid
 
     for run, config in configs.items():  # values and files too: cell 11's typo fails before cell 1 trains
         try:
-            train.check_config(config)
+            spec.resolve(config)
         except (ValueError, FileNotFoundError) as error:
             raise config_cli.ConfigError(f"grid run {run.name}: {error}") from None
     check_metric(grid, configs)

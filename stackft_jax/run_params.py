@@ -23,7 +23,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from stackft_jax import checkpointing, spec, workdirs
-from stackft_jax.models import bert
+from stackft_jax.models import bert, build
 
 
 def recorded_config(workdir: str | Path) -> ml_collections.ConfigDict:
@@ -60,11 +60,9 @@ def best_params(workdir: str | Path, like: dict[str, Any] | None = None) -> tupl
 
 
 def _initial_params(config: ml_collections.ConfigDict) -> dict[str, Any]:
-    from stackft_jax import train  # build_model: the run's own model construction
-
     run_spec = spec.resolve(config, recorded=True)
     model_dir = bert.resolve_model_dir(run_spec.model.name_or_path)
-    model, _ = train.build_model(run_spec, run_spec.task, model_dir)
+    model, _ = build.build_model(run_spec, run_spec.task, model_dir)
     return nnx.to_pure_dict(nnx.state(model))
 
 

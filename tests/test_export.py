@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from stackft_jax import hf_export, train, trained
+from stackft_jax import hf_export, trained
 from stackft_jax.data import tasks
+from stackft_jax.models import build
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -137,7 +138,7 @@ def _random_source(tmp_path: Path, preset: str, **keys) -> tuple[trained.Source,
         node[leaf] = value
     task = tasks.get_task(config.data.task).configure(config.data)
     source = trained.Source(tmp_path, config, task, False, "last", None, {})
-    model, bert_config = train.build_model(config, task, source.model_dir)
+    model, bert_config = build.build_model(config, task, source.model_dir)
     graphdef, state = nnx.split(model)
     params = nnx.to_pure_dict(state)
     # Non-zero biases, so a bias mapped to the wrong place shows.
