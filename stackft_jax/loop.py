@@ -288,6 +288,119 @@ def _evaluate(
     return _Evaluated(dev, train, train.scores.get(ctx.task.gap_metric))
 
 
+def _restore_or_start(
+    ctx: Context,
+    phase: phases.Phase,
+    phase_step: PhaseStep,
+    checkpoints: _Checkpoints,
+    params,
+    global_offset: int,
+    best: dict,
+) -> tuple[steps.TrainState, phases.StopTracker, dict, float]:
+    """The phase's train state, stop tracker, the run's best record and the phase's wall time so far:
+    from its latest checkpoint, else the phase's first step. Best checkpoints and metrics.jsonl records
+    a killed run wrote after that checkpoint are dropped (they are written again)."""
+    tracker = phases.StopTracker(phase.stop)
+    wall_time = 0.0
+    abstract = checkpointing.abstract_like(
+        jax.eval_shape(phase_step.init_state, params), sharding.replicated(ctx.mesh)
+    )
+    restored = checkpoints.periodic.restore_latest(abstract, params)
+    if restored is not None:
+        latest, state, meta = restored
+        checkpoints.best.discard_between(global_offset + latest, global_offset + phase.num_steps)
+        tracker.load_state_dict(meta["stop"])
+        best, wall_time = meta["best"], meta["wall_time_s"]
+        log.info("resumed %s at step %d", phase.name, latest)
+    else:
+        state = phase_step.init_state(params)
+    start_step = int(state["step"])
+    ctx.report.keep_records(lambda r: r["phase"] != phase.name or r["step"] <= start_step)
+    state = steps.TrainState(**state)
+    log.info(
+        "%s: %d steps, trainable groups %s, optimizer state %.1f MB",
+        phase.name,
+        phase.num_steps,
+        phase.learning_rates,
+        optim.optimizer_state_bytes(state.opt_state) / 2**20,
+    )
+    return state, tracker, best, wall_time
+
+
+def _after_evaluation(
+    ctx: Context,
+    phase: phases.Phase,
+    evaluated: _Evaluated,
+    tracker: phases.StopTracker,
+    best: dict,
+    state: steps.TrainState,
+    *,
+    step: int,
+    global_step: int,
+    best_checkpoint: checkpointing.BestCheckpoint,
+    progress: tqdm,
+) -> tuple[str | None, dict]:
+    """Applies the stop rule and best tracking (saving a new best) to one evaluation; returns why the
+    phase stops now (or None) and the best record."""
+    dev, gap_metric = evaluated.dev.scores, ctx.task.gap_metric
+    stop_reason = tracker.update(
+        dev[ctx.primary_metric],
+        train_score=evaluated.train_score,
+        dev_score=dev.get(gap_metric),
+        gap_metric=gap_metric,
+    )
+    new_best = improved_best(
+        best, dev, ctx.primary_metric, phase=phase.name, step=step, global_step=global_step
+    )
+    if new_best is not None:
+        best = new_best
+        with ctx.timer.phase("checkpoint_writes"):
+            best_checkpoint.save(global_step, state.params, best)
+    train_subset = (
+        f" train_subset {gap_metric}={evaluated.train_score:.4f}" if evaluated.train_score is not None else ""
+    )
+    progress.write(
+        f"{phase.name} step {step}: dev " + " ".join(f"{k}={v:.4f}" for k, v in dev.items()) + train_subset
+    )
+    return stop_reason, best
+
+
+def _phase_end(
+    ctx: Context,
+    phase: phases.Phase,
+    state: steps.TrainState,
+    *,
+    step: int,
+    global_offset: int,
+    features: dict[str, feature_cache.FeatureCache],
+    evaluated: _Evaluated | None,
+    frozen_backbone: bool,
+) -> dict | None:
+    """The boundary measurements of a frozen-backbone phase (written to metrics.jsonl), else None.
+    `evaluated`: the last step's evaluation, reused when there is one."""
+    if not frozen_backbone:
+        return None
+    with ctx.timer.phase("evaluation"):
+        measured = boundaries.measure(
+            ctx.evaluator,
+            ctx.datasets,
+            ctx.task.metrics,
+            state.params,
+            features=features,
+            dev=evaluated.dev if evaluated else None,
+            train=evaluated.train if evaluated else None,
+            train_examples=gap_examples(ctx.spec, phase),
+        )
+    ctx.report.eval(
+        phase=phase.name,
+        step=step,
+        global_step=global_offset + step,
+        split="boundary",
+        metrics={k: v for k, v in measured.items() if isinstance(v, float)},
+    )
+    return measured
+
+
 def run_phase(
     ctx: Context,
     phase: phases.Phase,
@@ -324,31 +437,10 @@ def run_phase(
         ),
         checkpointing.BestCheckpoint(ctx.workdir, async_save=config.async_checkpointing),
     )
-    tracker = phases.StopTracker(phase.stop)
-    wall_time = 0.0
-    abstract = checkpointing.abstract_like(
-        jax.eval_shape(phase_step.init_state, params), sharding.replicated(mesh)
+    state, tracker, best, wall_time = _restore_or_start(
+        ctx, phase, phase_step, checkpoints, params, global_offset, best
     )
-    restored = checkpoints.periodic.restore_latest(abstract, params)
-    if restored is not None:
-        latest, state, meta = restored
-        checkpoints.best.discard_between(global_offset + latest, global_offset + phase.num_steps)
-        tracker.load_state_dict(meta["stop"])
-        best, wall_time = meta["best"], meta["wall_time_s"]
-        log.info("resumed %s at step %d", phase.name, latest)
-    else:
-        state = phase_step.init_state(params)
-    step = int(state["step"])
-    # Drop what a killed run logged in this phase after its last checkpoint, so it is written once.
-    ctx.report.keep_records(lambda r: r["phase"] != phase.name or r["step"] <= step)
-    state = steps.TrainState(**state)
-    log.info(
-        "%s: %d steps, trainable groups %s, optimizer state %.1f MB",
-        phase.name,
-        phase.num_steps,
-        phase.learning_rates,
-        optim.optimizer_state_bytes(state.opt_state) / 2**20,
-    )
+    step = int(state.step)
 
     preemption.install_sigterm_flag()
     started = time.time()
@@ -400,41 +492,27 @@ def run_phase(
             _raise_if_nonfinite(state, phase.name, checkpoints)
             progress.update(1)  # that waited for this step
             uncounted = None
-
         if log_now:
             stats = train_stats(jax.device_get(window), ctx.global_batch_size, time.time() - window_start)
             ctx.report.train(global_step=global_offset + step, metrics=stats)
             progress.set_postfix(loss=f"{stats['loss']:.4f}", ex_per_s=f"{stats['examples_per_s']:.1f}")
             window, window_start = [], time.time()
-
         evaluated = (
             _evaluate(ctx, phase, state.params, features, step, global_offset + step) if eval_now else None
         )
         if evaluated is not None:
-            dev, gap_metric = evaluated.dev.scores, ctx.task.gap_metric
-            stop_reason = tracker.update(
-                dev[ctx.primary_metric],
-                train_score=evaluated.train_score,
-                dev_score=dev.get(gap_metric),
-                gap_metric=gap_metric,
+            stop_reason, best = _after_evaluation(
+                ctx,
+                phase,
+                evaluated,
+                tracker,
+                best,
+                state,
+                step=step,
+                global_step=global_offset + step,
+                best_checkpoint=checkpoints.best,
+                progress=progress,
             )
-            new_best = improved_best(
-                best, dev, ctx.primary_metric, phase=phase.name, step=step, global_step=global_offset + step
-            )
-            if new_best is not None:
-                best = new_best
-                with ctx.timer.phase("checkpoint_writes"):
-                    checkpoints.best.save(global_offset + step, state.params, best)
-            progress.write(
-                f"{phase.name} step {step}: dev "
-                + " ".join(f"{k}={v:.4f}" for k, v in dev.items())
-                + (
-                    f" train_subset {gap_metric}={evaluated.train_score:.4f}"
-                    if evaluated.train_score is not None
-                    else ""
-                )
-            )
-
         if save_now:
             meta = {
                 "stop": tracker.state_dict(),
@@ -454,26 +532,16 @@ def run_phase(
         checkpoints.close()
 
     boundaries.check_frozen(phase.name, state.params, trained, frozen)
-    measured = None
-    if frozen_backbone:
-        with ctx.timer.phase("evaluation"):
-            measured = boundaries.measure(
-                ctx.evaluator,
-                ctx.datasets,
-                ctx.task.metrics,
-                state.params,
-                features=features,
-                dev=evaluated.dev if evaluated else None,
-                train=evaluated.train if evaluated else None,
-                train_examples=gap_examples(config, phase),
-            )
-        ctx.report.eval(
-            phase=phase.name,
-            step=step,
-            global_step=global_offset + step,
-            split="boundary",
-            metrics={k: v for k, v in measured.items() if isinstance(v, float)},
-        )
+    measured = _phase_end(
+        ctx,
+        phase,
+        state,
+        step=step,
+        global_offset=global_offset,
+        features=features,
+        evaluated=evaluated,
+        frozen_backbone=frozen_backbone,
+    )
     stop_reason = stop_reason or f"step budget of {phase.num_steps} steps"
     log.info("%s stopped after %d steps: %s", phase.name, step, stop_reason)
     record = {
@@ -486,8 +554,9 @@ def run_phase(
         "learning_rates": phase.learning_rates,
         "optimizer_state_bytes": optim.optimizer_state_bytes(state.opt_state),
         "feature_cache_bytes": sum(cache.nbytes for cache in features.values()),
+        **({"boundary": measured} if measured is not None else {}),
     }
-    if measured is not None:
-        record["boundary"] = measured
+    # Cached features may round differently from the backbone's own outputs: only an evaluation without
+    # them scored exactly what final scoring would.
     dev_at_end = evaluated.dev if evaluated is not None and not features else None
     return PhaseResult(state.params, record, dev_at_end)
