@@ -237,12 +237,52 @@ def improved_best(best: dict, dev: dict[str, float], metric: str, **where: Any) 
 
 
 class _Checkpoints(NamedTuple):
-    periodic: checkpointing.PhaseCheckpoints
-    best: checkpointing.BestCheckpoint
+    periodic: checkpointing.PhaseCheckpoints  # the phase's, to resume it
+    best: checkpointing.BestCheckpoint  # the run's best on dev
+
+    @classmethod
+    def open(cls, ctx: Context, phase: phases.Phase, *, trained, frozen: str) -> "_Checkpoints":
+        return cls(
+            checkpointing.PhaseCheckpoints(
+                ctx.workdir,
+                phase.name,
+                trained=trained,
+                frozen=frozen,
+                max_to_keep=ctx.spec.keep_checkpoints,
+                async_save=ctx.spec.async_checkpointing,
+            ),
+            checkpointing.BestCheckpoint(ctx.workdir, async_save=ctx.spec.async_checkpointing),
+        )
 
     def close(self) -> None:
         self.periodic.close()
         self.best.close()
+
+
+class _StepBar:
+    """The phase's progress bar (process 0). It counts completed steps without waiting on each: a step
+    is counted once the next one is queued behind it, or when the loop waited for it anyway."""
+
+    def __init__(self, phase: phases.Phase, step: int):
+        self.tqdm = tqdm(
+            total=phase.num_steps,
+            initial=step,
+            desc=phase.name,
+            dynamic_ncols=True,
+            disable=jax.process_index() != 0,
+        )
+        self.uncounted = None  # the last dispatched step's loss, until the bar counts that step
+
+    def dispatched(self, loss: jax.Array) -> None:
+        if self.uncounted is not None:
+            jax.block_until_ready(self.uncounted)
+            self.tqdm.update(1)
+        self.uncounted = loss
+
+    def waited(self) -> None:
+        """The loop waited for the last dispatched step."""
+        self.tqdm.update(1)
+        self.uncounted = None
 
 
 class _Evaluated(NamedTuple):
@@ -372,33 +412,53 @@ def _phase_end(
     *,
     step: int,
     global_offset: int,
+    stop_reason: str | None,
+    best: dict,
+    wall_time: float,
+    started: float,
     features: dict[str, feature_cache.FeatureCache],
     evaluated: _Evaluated | None,
     frozen_backbone: bool,
-) -> dict | None:
-    """The boundary measurements of a frozen-backbone phase (written to metrics.jsonl), else None.
-    `evaluated`: the last step's evaluation, reused when there is one."""
-    if not frozen_backbone:
-        return None
-    with ctx.timer.phase("evaluation"):
-        measured = boundaries.measure(
-            ctx.evaluator,
-            ctx.datasets,
-            ctx.task.metrics,
-            state.params,
-            features=features,
-            dev=evaluated.dev if evaluated else None,
-            train=evaluated.train if evaluated else None,
-            train_examples=gap_examples(ctx.spec, phase),
+) -> dict:
+    """The phase's record (results.json's `phases` entry), with the boundary measurements of a
+    frozen-backbone phase (also written to metrics.jsonl). `evaluated`: the last step's evaluation, reused
+    when there is one. `wall_time`: the phase's seconds before this process `started` it."""
+    measured = None
+    if frozen_backbone:
+        with ctx.timer.phase("evaluation"):
+            measured = boundaries.measure(
+                ctx.evaluator,
+                ctx.datasets,
+                ctx.task.metrics,
+                state.params,
+                features=features,
+                dev=evaluated.dev if evaluated else None,
+                train=evaluated.train if evaluated else None,
+                train_examples=gap_examples(ctx.spec, phase),
+            )
+        ctx.report.eval(
+            phase=phase.name,
+            step=step,
+            global_step=global_offset + step,
+            split="boundary",
+            metrics={k: v for k, v in measured.items() if isinstance(v, float)},
         )
-    ctx.report.eval(
-        phase=phase.name,
-        step=step,
-        global_step=global_offset + step,
-        split="boundary",
-        metrics={k: v for k, v in measured.items() if isinstance(v, float)},
-    )
-    return measured
+    stop_reason = stop_reason or f"step budget of {phase.num_steps} steps"
+    log.info("%s stopped after %d steps: %s", phase.name, step, stop_reason)
+    record = {
+        "phase": phase.name,
+        "steps": step,
+        "end_global_step": global_offset + step,  # where the phase's boundary checkpoint sits
+        "stop_reason": stop_reason,
+        "wall_time_s": wall_time + time.time() - started,
+        "best": best,
+        "learning_rates": phase.learning_rates,
+        "optimizer_state_bytes": optim.optimizer_state_bytes(state.opt_state),
+        "feature_cache_bytes": sum(cache.nbytes for cache in features.values()),
+    }
+    if measured is not None:
+        record["boundary"] = measured
+    return record
 
 
 def run_phase(
@@ -426,17 +486,7 @@ def run_phase(
         seed=config.seed,
         max_grad_norm=config.max_grad_norm,
     )
-    checkpoints = _Checkpoints(
-        checkpointing.PhaseCheckpoints(
-            ctx.workdir,
-            phase.name,
-            trained=trained,
-            frozen=frozen,
-            max_to_keep=config.keep_checkpoints,
-            async_save=config.async_checkpointing,
-        ),
-        checkpointing.BestCheckpoint(ctx.workdir, async_save=config.async_checkpointing),
-    )
+    checkpoints = _Checkpoints.open(ctx, phase, trained=trained, frozen=frozen)
     state, tracker, best, wall_time = _restore_or_start(
         ctx, phase, phase_step, checkpoints, params, global_offset, best
     )
@@ -451,16 +501,9 @@ def run_phase(
     train_features = features["train"] if phase.feature_cache else None
     stop_reason = None
     evaluated = None  # the last step's evaluation, when it was evaluated
-    uncounted = None  # the last dispatched step's loss, until the bar counts that step
-    window: list[dict] = []
+    window: list[dict] = []  # the metrics of the steps since the last log
     window_start = time.time()
-    progress = tqdm(
-        total=phase.num_steps,
-        initial=step,
-        desc=phase.name,
-        dynamic_ncols=True,
-        disable=jax.process_index() != 0,
-    )
+    bar = _StepBar(phase, step)
     batches: Iterator = batching.train_batches(
         ctx.datasets["train"].arrays,
         start_step=step,
@@ -477,11 +520,7 @@ def run_phase(
         state, step_metrics = phase_step.train_step(state, sharding.put_batch(local, mesh))
         step += 1
         window.append(step_metrics)
-        # The bar counts completed steps: the previous one, waited for while this one is queued behind it.
-        if uncounted is not None:
-            jax.block_until_ready(uncounted)
-            progress.update(1)
-        uncounted = step_metrics["loss"]
+        bar.dispatched(step_metrics["loss"])
 
         log_now = due(step, config.log_every_steps, phase.num_steps)
         eval_now = due(step, config.eval_every_steps, phase.num_steps)
@@ -490,17 +529,15 @@ def run_phase(
         if log_now or eval_now or save_now:
             # Before anything reads the parameters: NaN is never logged as progress, evaluated, saved.
             _raise_if_nonfinite(state, phase.name, checkpoints)
-            progress.update(1)  # that waited for this step
-            uncounted = None
+            bar.waited()
         if log_now:
             stats = train_stats(jax.device_get(window), ctx.global_batch_size, time.time() - window_start)
             ctx.report.train(global_step=global_offset + step, metrics=stats)
-            progress.set_postfix(loss=f"{stats['loss']:.4f}", ex_per_s=f"{stats['examples_per_s']:.1f}")
+            bar.tqdm.set_postfix(loss=f"{stats['loss']:.4f}", ex_per_s=f"{stats['examples_per_s']:.1f}")
             window, window_start = [], time.time()
-        evaluated = (
-            _evaluate(ctx, phase, state.params, features, step, global_offset + step) if eval_now else None
-        )
-        if evaluated is not None:
+        evaluated = None
+        if eval_now:
+            evaluated = _evaluate(ctx, phase, state.params, features, step, global_offset + step)
             stop_reason, best = _after_evaluation(
                 ctx,
                 phase,
@@ -511,7 +548,7 @@ def run_phase(
                 step=step,
                 global_step=global_offset + step,
                 best_checkpoint=checkpoints.best,
-                progress=progress,
+                progress=bar.tqdm,
             )
         if save_now:
             meta = {
@@ -523,39 +560,29 @@ def run_phase(
                 checkpoints.periodic.save(step, state.as_dict(), meta)
         if stop_now:
             checkpoints.close()
-            progress.close()  # before the message, so that it is the last line
+            bar.tqdm.close()  # before the message, so that it is the last line
             raise preemption.stopped(f"{phase.name} step {step}")
         if preemption.kill_requested(phase.name, step):
             os.kill(os.getpid(), signal.SIGKILL)
-    progress.close()
+    bar.tqdm.close()
     with ctx.timer.phase("checkpoint_writes"):  # waits for background writes
         checkpoints.close()
 
     boundaries.check_frozen(phase.name, state.params, trained, frozen)
-    measured = _phase_end(
+    record = _phase_end(
         ctx,
         phase,
         state,
         step=step,
         global_offset=global_offset,
+        stop_reason=stop_reason,
+        best=best,
+        wall_time=wall_time,
+        started=started,
         features=features,
         evaluated=evaluated,
         frozen_backbone=frozen_backbone,
     )
-    stop_reason = stop_reason or f"step budget of {phase.num_steps} steps"
-    log.info("%s stopped after %d steps: %s", phase.name, step, stop_reason)
-    record = {
-        "phase": phase.name,
-        "steps": step,
-        "end_global_step": global_offset + step,  # where the phase's boundary checkpoint sits
-        "stop_reason": stop_reason,
-        "wall_time_s": wall_time + time.time() - started,
-        "best": best,
-        "learning_rates": phase.learning_rates,
-        "optimizer_state_bytes": optim.optimizer_state_bytes(state.opt_state),
-        "feature_cache_bytes": sum(cache.nbytes for cache in features.values()),
-        **({"boundary": measured} if measured is not None else {}),
-    }
     # Cached features may round differently from the backbone's own outputs: only an evaluation without
     # them scored exactly what final scoring would.
     dev_at_end = evaluated.dev if evaluated is not None and not features else None
