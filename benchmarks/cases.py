@@ -3,11 +3,12 @@
 One model and one fixed batch; three cases per framework:
 
   full     every parameter trains: the project's phase-2 optimizer (BERT-AdamW, clipping at 1.0) and
-           `train.build_phase_step` (what `train.run_phase` runs); torch: AdamW over everything, no decay on
+           `loop.build_phase_step` (what `loop.run_phase` runs); torch: AdamW over everything, no decay on
            bias/LayerNorm, `clip_grad_norm_(..., 1.0)`.
   phase1   backbone frozen: the project's phase-1 labels (the backbone behind `stop_gradient`, no optimizer
            state for it); torch: `backbone.requires_grad_(False)` and only head parameters in AdamW.
-  eval     `steps.eval_step` jitted as `train.py` jits it; torch: `model.eval()` under `inference_mode()`.
+  eval     `steps.eval_step` as runs jit it (`evaluation.jit_eval_step`); torch: `model.eval()` under
+           `inference_mode()`.
 
 The head is the project's `cls_mlp` (dropout, dense 256 tanh, dropout, dense 2 on [CLS]); in torch the
 same layers on `transformers.BertModel`'s last hidden state. Dropout is on in both training cases.
@@ -27,9 +28,9 @@ import numpy as np
 from flax import nnx
 
 from configs import quora
-from stackft_jax import evaluation, optim, phases, sharding, spec, steps, train
+from stackft_jax import evaluation, loop, optim, phases, sharding, spec, steps
 from stackft_jax.data import task_spec
-from stackft_jax.models import bert
+from stackft_jax.models import bert, build
 
 CASES = ("full", "phase1", "eval")
 # config_overrides of the randomly initialised models; "minilm" is the embedded pretrained MiniLM.
@@ -109,10 +110,10 @@ class JaxModel:
 
 
 def build_jax(config: ml_collections.ConfigDict) -> JaxModel:
-    """What `train.run` builds before its phase loop (`train.initial_model`), minus the data."""
+    """What `train.run` builds before its phase loop (`models.build.initial_model`), minus the data."""
     run_spec = spec.resolve(config)
     mesh = sharding.make_mesh()
-    graphdef, params, bert_config = train.initial_model(
+    graphdef, params, bert_config = build.initial_model(
         run_spec, bert.resolve_model_dir(run_spec.model.name_or_path), mesh
     )
     plan = run_spec.plan(1000, bert_config.num_hidden_layers, has_pooler=bert_config.family.has_pooler)
@@ -125,10 +126,10 @@ def _fresh_copy(params: Any) -> Any:
 
 
 def jax_phase_step(m: JaxModel, case: str, *, copy_params: bool = True) -> tuple[steps.TrainState, Any]:
-    """The train state and `train.PhaseStep` of `case` ("full" or "phase1"), as `train.run_phase`
+    """The train state and `loop.PhaseStep` of `case` ("full" or "phase1"), as `loop.run_phase`
     builds them. The step donates the state: without `copy_params`, `m.params` is consumed."""
     phase = m.plan[PHASE_OF_CASE[case]]
-    phase_step = train.build_phase_step(
+    phase_step = loop.build_phase_step(
         phase,
         list(m.plan).index(phase.name),
         m.params,

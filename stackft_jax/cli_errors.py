@@ -61,7 +61,7 @@ def exit_code_of(error: BaseException) -> int | None:
         return EXIT_USAGE
     if isinstance(error, KeyboardInterrupt):
         return EXIT_INTERRUPTED
-    # Stops whose message is complete: a lost file, a non-finite loss (train.py names step and checkpoint).
+    # Stops whose message is complete: a lost file, a non-finite loss (loop.py names step and checkpoint).
     if isinstance(error, FileNotFoundError | FloatingPointError):
         return EXIT_DATA
     if _disk_full(error) is not None:

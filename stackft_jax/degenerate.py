@@ -12,7 +12,7 @@ A run is flagged, per scored split, from its prediction records (predictions.py)
   at_or_below_all_o      tagging: token accuracy at or below tagging every word `O` (the most frequent tag
                          when the tags have no `O`)
 
-train.py writes the flags to results.json (`final.<split>.degenerate`) and warns in the run's last log
+scoring.py writes the flags to results.json (`final.<split>.degenerate`) and warns in the run's last log
 line; experiments/report.py marks flagged cells and every comparison against or by one.
 """
 

@@ -22,7 +22,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from stackft_jax import checkpointing, spec, workdirs
-from stackft_jax.models import bert
+from stackft_jax.models import bert, build
 from stackft_jax.spec import RunSpec
 
 
@@ -60,10 +60,8 @@ def best_params(workdir: str | Path, like: dict[str, Any] | None = None) -> tupl
 
 
 def _initial_params(run_spec: RunSpec) -> dict[str, Any]:
-    from stackft_jax import train  # build_model: the run's own model construction
-
     model_dir = bert.resolve_model_dir(run_spec.model.name_or_path)
-    model, _ = train.build_model(run_spec, run_spec.task, model_dir)
+    model, _ = build.build_model(run_spec, run_spec.task, model_dir)
     return nnx.to_pure_dict(nnx.state(model))
 
 

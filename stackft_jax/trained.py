@@ -22,7 +22,7 @@ from flax import nnx
 from stackft_jax import run_params, spec
 from stackft_jax.cli_errors import DataError, UsageError
 from stackft_jax.data.task_spec import TaskSpec
-from stackft_jax.models import bert
+from stackft_jax.models import bert, build
 from stackft_jax.spec import RunSpec
 
 PARAMS = ("best", "last")
@@ -60,9 +60,7 @@ class Source:
         return bert.resolve_model_dir(self.run_spec.model.name_or_path)
 
     def load(self) -> Loaded:
-        from stackft_jax import train  # build_model: the run's own model construction
-
-        model, bert_config = train.build_model(self.run_spec, self.task, self.model_dir)
+        model, bert_config = build.build_model(self.run_spec, self.task, self.model_dir)
         graphdef, state = nnx.split(model)
         params = nnx.to_pure_dict(state)
         if self.is_export:

@@ -68,7 +68,7 @@ def test_a_bad_key_in_an_axis_fails_before_training(tmp_path):
 
 
 def test_a_bad_value_in_a_later_cell_fails_before_any_cell_trains(tmp_path):
-    # Keys are checked when the configs are built; values and files by train.check_config, for every
+    # Keys are checked when the configs are built; values and files by spec.resolve, for every
     # cell before the first trains. The command line prints one line and exits 2.
     missing = tmp_path / "no_such_dev.tsv"
     grid_file = tmp_path / "bad_grid.py"

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from stackft_jax import hf_export, spec, train, trained
+from stackft_jax import hf_export, spec, trained
+from stackft_jax.models import build
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -137,7 +138,7 @@ def _random_source(tmp_path: Path, preset: str, **keys) -> tuple[trained.Source,
         node[leaf] = value
     run_spec = spec.resolve(config)
     source = trained.Source(tmp_path, run_spec, False, "last", None, {})
-    model, bert_config = train.build_model(run_spec, run_spec.task, source.model_dir)
+    model, bert_config = build.build_model(run_spec, run_spec.task, source.model_dir)
     graphdef, state = nnx.split(model)
     params = nnx.to_pure_dict(state)
     # Non-zero biases, so a bias mapped to the wrong place shows.

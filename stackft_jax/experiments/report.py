@@ -214,7 +214,7 @@ BOUNDARY_MEASURES = ("head_param_norm", "dev_ece")
 
 def boundary_statistics(runs: list[RunResult], metric: str) -> list[dict[str, Any]]:
     """Per cell and frozen-backbone phase, mean and std over seeds of what its boundary recorded
-    (train.boundary_measurements): head parameter norm, dev ECE, train/dev gap in `metric`."""
+    (boundaries.measure): head parameter norm, dev ECE, train/dev gap in `metric`."""
     by_phase: dict[tuple, list[dict]] = collections.defaultdict(list)
     names = {}
     for r in runs:
