@@ -105,7 +105,7 @@ def run_mode(
             model.params,
             graphdef=model.graphdef,
             mesh=model.mesh,
-            all_layers=model.config.model.scalar_mix,
+            all_layers=model.spec.model.scalar_mix,
             dtype=args.cache_dtype,
             global_batch_size=args.eval_batch_size,
             buckets=buckets,
@@ -118,7 +118,7 @@ def run_mode(
         ds,
         start_step=0,
         global_batch_size=args.batch_size,
-        seed=model.config.seed * 1000,  # phase index 0, as loop.run_phase seeds phase 1
+        seed=model.spec.seed * 1000,  # phase index 0, as loop.run_phase seeds phase 1
         buckets=buckets,
         with_index=cache is not None,
     )
