@@ -83,7 +83,8 @@ def score(
     return FinalScores(
         scores=scores,
         degenerate={
-            name: degenerate.flags(written[name], split_scores) for name, split_scores in scores.items()
+            name: degenerate.flags(written[name], split_scores, run_spec.task.objective.name)
+            for name, split_scores in scores.items()
         },
         params_used=used,
         calibration=calibrated,

@@ -83,7 +83,11 @@ class RunResult:
         """The split's degenerate flags, recomputed from its prediction file (ensembles and runs from
         before results.json held them are judged the same way); [] when it was not scored."""
         records = self._records.get(split)
-        return [] if records is None else degenerate.flags(records, self.results["final"][split])
+        return (
+            []
+            if records is None
+            else degenerate.flags(records, self.results["final"][split], self.task.objective.name)
+        )
 
 
 def load_runs(grid: ml_collections.ConfigDict, workdir: str | Path) -> list[RunResult]:
