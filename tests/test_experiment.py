@@ -679,7 +679,8 @@ def test_the_report_needs_only_the_committable_files_of_each_run(tmp_path, caplo
         assert results["examples_seen"] == steps * results["global_batch_size"]
         for split in ("dev", "test"):  # the flags train.run wrote are the ones its prediction files give
             records = list(predictions.read(predictions.path(run_dir, split)).values())
-            assert results["degenerate"][split] == degenerate.flags(records, results["final"][split])
+            flags = degenerate.flags(records, results["final"][split], "classification")
+            assert results["degenerate"][split] == flags
         for name in COMMITTABLE:
             (committed / "runs" / run_dir.name / name).parent.mkdir(parents=True, exist_ok=True)
             (committed / "runs" / run_dir.name / name).write_bytes((run_dir / name).read_bytes())
