@@ -23,6 +23,7 @@ import re
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 EXIT_DATA = 1
@@ -49,6 +50,15 @@ class DataError(UserError, ValueError):
     """A data file, model folder or checkpoint that cannot be used (exit 1)."""
 
     exit_code = EXIT_DATA
+
+
+def refuse_to_replace(flag: str, path: str | Path, *, overwrite: bool) -> None:
+    """A command's output `--flag=path` must not hold anything already (a non-empty file, a folder with
+    entries) unless `overwrite`: nothing a user saved is lost to a repeated command."""
+    target = Path(path)
+    occupied = (target.is_file() and target.stat().st_size > 0) or (target.is_dir() and any(target.iterdir()))
+    if occupied and not overwrite:
+        raise UsageError(f"--{flag}={path} exists and is not empty: pass --overwrite to replace it")
 
 
 def exit_code_of(error: BaseException) -> int | None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from stackft_jax import trained
-from stackft_jax.cli_errors import UsageError
+from stackft_jax.cli_errors import UsageError, refuse_to_replace
 
 TASK_MODEL_DIR = "transformers_task_model"
 # transformers' class-name stem per config.json model_type.
@@ -250,8 +250,9 @@ def export(source: trained.Source, out: str | Path, *, overwrite: bool = False) 
     import jax
 
     out = Path(out)
-    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(f"--out={out} exists and is not empty: pass --overwrite to replace it")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out={out} is a file: an export is a folder")
+    refuse_to_replace("out", out, overwrite=overwrite)
     loaded = source.load()
     if jax.process_index() != 0:
         return None

@@ -48,10 +48,10 @@ STDIN = "-"
 
 
 def _check_target(flag: str, path: str | None) -> None:
-    if path and path != STDIN and not FLAGS.overwrite:
-        target = Path(path)
-        if target.is_dir() or (target.is_file() and target.stat().st_size > 0):
-            raise UsageError(f"--{flag}={path} exists and is not empty: pass --overwrite to replace it")
+    if path and path != STDIN:
+        if Path(path).is_dir():
+            raise UsageError(f"--{flag}={path} is a folder: name a file")
+        cli_errors.refuse_to_replace(flag, path, overwrite=FLAGS.overwrite)
 
 
 def _open_source():

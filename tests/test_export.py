@@ -95,6 +95,13 @@ def test_export_never_overwrites_unless_asked(exported, uninterrupted):
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
         f"error: --out={exported} exists and is not empty: pass --overwrite to replace it"
     ]
+    a_file = exported.parent / "notes.txt"
+    a_file.write_text("mine")
+    refused = _cli("export", f"--workdir={uninterrupted}", f"--out={a_file}", "--overwrite")
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        f"error: --out={a_file} is a file: an export is a folder"
+    ]
+    assert a_file.read_text() == "mine"
     phase1 = _cli(
         "export", f"--workdir={uninterrupted}", f"--out={exported}", "--phase=phase1", "--overwrite"
     )
