@@ -3,11 +3,12 @@
 One model and one fixed batch; three cases per framework:
 
   full     every parameter trains: the project's phase-2 optimizer (BERT-AdamW, clipping at 1.0) and
-           `train.build_phase_step` (what `train.run_phase` runs); torch: AdamW over everything, no decay on
+           `loop.build_phase_step` (what `loop.run_phase` runs); torch: AdamW over everything, no decay on
            bias/LayerNorm, `clip_grad_norm_(..., 1.0)`.
   phase1   backbone frozen: the project's phase-1 labels (the backbone behind `stop_gradient`, no optimizer
            state for it); torch: `backbone.requires_grad_(False)` and only head parameters in AdamW.
-  eval     `steps.eval_step` jitted as `train.py` jits it; torch: `model.eval()` under `inference_mode()`.
+  eval     `steps.eval_step` as runs jit it (`evaluation.jit_eval_step`); torch: `model.eval()` under
+           `inference_mode()`.
 
 The head is the project's `cls_mlp` (dropout, dense 256 tanh, dropout, dense 2 on [CLS]); in torch the
 same layers on `transformers.BertModel`'s last hidden state. Dropout is on in both training cases.
@@ -27,9 +28,10 @@ import numpy as np
 from flax import nnx
 
 from configs import quora
-from stackft_jax import evaluation, optim, phases, sharding, spec, steps, train
+from stackft_jax import evaluation, loop, optim, phases, sharding, spec, steps
 from stackft_jax.data import task_spec
-from stackft_jax.models import bert
+from stackft_jax.models import bert, build
+from stackft_jax.spec import RunSpec
 
 CASES = ("full", "phase1", "eval")
 # config_overrides of the randomly initialised models; "minilm" is the embedded pretrained MiniLM.
@@ -99,7 +101,7 @@ def synthetic_batch(batch_size: int, seq_len: int, vocab_size: int, seed: int = 
 
 @dataclasses.dataclass
 class JaxModel:
-    config: ml_collections.ConfigDict
+    spec: RunSpec
     task: task_spec.TaskSpec
     bert_config: bert.BertConfig
     graphdef: nnx.GraphDef
@@ -109,14 +111,14 @@ class JaxModel:
 
 
 def build_jax(config: ml_collections.ConfigDict) -> JaxModel:
-    """What `train.run` builds before its phase loop (`train.initial_model`), minus the data."""
+    """What `train.run` builds before its phase loop (`models.build.initial_model`), minus the data."""
     run_spec = spec.resolve(config)
     mesh = sharding.make_mesh()
-    graphdef, params, bert_config = train.initial_model(
+    graphdef, params, bert_config = build.initial_model(
         run_spec, bert.resolve_model_dir(run_spec.model.name_or_path), mesh
     )
     plan = run_spec.plan(1000, bert_config.num_hidden_layers, has_pooler=bert_config.family.has_pooler)
-    return JaxModel(config, run_spec.task, bert_config, graphdef, params, mesh, {p.name: p for p in plan})
+    return JaxModel(run_spec, run_spec.task, bert_config, graphdef, params, mesh, {p.name: p for p in plan})
 
 
 def _fresh_copy(params: Any) -> Any:
@@ -125,18 +127,18 @@ def _fresh_copy(params: Any) -> Any:
 
 
 def jax_phase_step(m: JaxModel, case: str, *, copy_params: bool = True) -> tuple[steps.TrainState, Any]:
-    """The train state and `train.PhaseStep` of `case` ("full" or "phase1"), as `train.run_phase`
+    """The train state and `loop.PhaseStep` of `case` ("full" or "phase1"), as `loop.run_phase`
     builds them. The step donates the state: without `copy_params`, `m.params` is consumed."""
     phase = m.plan[PHASE_OF_CASE[case]]
-    phase_step = train.build_phase_step(
+    phase_step = loop.build_phase_step(
         phase,
         list(m.plan).index(phase.name),
         m.params,
         graphdef=m.graphdef,
         objective=m.task.objective,
         mesh=m.mesh,
-        seed=m.config.seed,
-        max_grad_norm=m.config.max_grad_norm,
+        seed=m.spec.seed,
+        max_grad_norm=m.spec.max_grad_norm,
     )
     params = _fresh_copy(m.params) if copy_params else m.params
     return steps.TrainState(**phase_step.init_state(params)), phase_step
@@ -171,7 +173,7 @@ def jax_components(m: JaxModel, batch: dict) -> dict[str, Step]:
     """Pieces of the full step, to see where its time goes: the training-mode forward pass alone,
     forward + backward (gradients of every parameter, no optimizer), and the same without dropout."""
     device_batch = sharding.put_batch(batch, m.mesh)
-    key = jax.random.key(m.config.seed)
+    key = jax.random.key(m.spec.seed)
 
     def loss(params, deterministic: bool):
         dropout_key = None if deterministic else key
@@ -195,7 +197,8 @@ def jax_components(m: JaxModel, batch: dict) -> dict[str, Step]:
 
 @dataclasses.dataclass
 class TorchModel:
-    config: ml_collections.ConfigDict
+    plan: dict[str, phases.Phase]  # the run's phases, as stackft_jax resolves them (learning rates, decay)
+    max_grad_norm: float
     module: Any  # torch.nn.Module with .backbone (transformers.BertModel) and the head layers
 
 
@@ -203,26 +206,27 @@ def build_torch(config: ml_collections.ConfigDict, attn_implementation: str | No
     import torch
     import transformers
 
-    model_dir = bert.resolve_model_dir(config.model.name_or_path)
+    run_spec = spec.resolve(config)
+    model_dir = bert.resolve_model_dir(run_spec.model.name_or_path)
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    if config.model.init == "pretrained":
+    if run_spec.model.init == "pretrained":
         backbone = transformers.BertModel.from_pretrained(str(model_dir), **kwargs)
     else:
         hf_config = transformers.BertConfig.from_pretrained(str(model_dir))
-        for key, value in config.model.config_overrides.items():
-            if value:
-                setattr(hf_config, key, value)
+        for key, value in run_spec.model.config_overrides.items():  # only the non-zero ones
+            setattr(hf_config, key, value)
         backbone = transformers.BertModel(hf_config, **kwargs)
-    torch.manual_seed(config.seed)
+    torch.manual_seed(run_spec.seed)
+    head = run_spec.head
 
     class TaskModel(torch.nn.Module):
         def __init__(self):
             super().__init__()
             hidden = backbone.config.hidden_size
             self.backbone = backbone
-            self.dropout = torch.nn.Dropout(config.head.dropout_rate)
-            self.hidden = torch.nn.Linear(hidden, config.head.cls_mlp.hidden_dim)
-            self.output = torch.nn.Linear(config.head.cls_mlp.hidden_dim, 2)
+            self.dropout = torch.nn.Dropout(head.dropout_rate)
+            self.hidden = torch.nn.Linear(hidden, head.cls_mlp.hidden_dim)
+            self.output = torch.nn.Linear(head.cls_mlp.hidden_dim, 2)
 
         def forward(self, input_ids, token_type_ids, attention_mask):
             states = self.backbone(
@@ -232,7 +236,9 @@ def build_torch(config: ml_collections.ConfigDict, attn_implementation: str | No
             x = self.dropout(torch.tanh(self.hidden(x)))
             return self.output(x)
 
-    return TorchModel(config, TaskModel())
+    num_layers = backbone.config.num_hidden_layers
+    plan = run_spec.plan(1000, num_layers)
+    return TorchModel({p.name: p for p in plan}, run_spec.max_grad_norm, TaskModel())
 
 
 def torch_info(m: TorchModel) -> dict:
@@ -278,13 +284,13 @@ def torch_case(m: TorchModel, case: str, batch: dict) -> Case:
     if frozen:
         module.backbone.requires_grad_(False)
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-    block = m.config.phase1 if frozen else m.config.phase2
-    lr = block.learning_rate if frozen else block.backbone_learning_rate
+    phase = m.plan[PHASE_OF_CASE[case]]
+    lr = phase.learning_rates["head" if frozen else "backbone"]
     no_decay = [p for n, p in named if n.endswith("bias") or "LayerNorm" in n]
     decay = [p for n, p in named if not (n.endswith("bias") or "LayerNorm" in n)]
     optimizer = torch.optim.AdamW(
         [
-            {"params": decay, "weight_decay": block.weight_decay},
+            {"params": decay, "weight_decay": phase.weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ],
         lr=lr,
@@ -297,7 +303,7 @@ def torch_case(m: TorchModel, case: str, batch: dict) -> Case:
         optimizer.zero_grad(set_to_none=True)
         loss = F.cross_entropy(module(**inputs), labels)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, m.config.max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(trainable, m.max_grad_norm)
         optimizer.step()
 
     def state_bytes() -> int:

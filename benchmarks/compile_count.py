@@ -13,7 +13,7 @@ How compilations are counted: a `jax.monitoring` duration listener on
 requests (an in-memory jit-cache miss; a persistent-cache hit is still counted, and also tallied
 separately), with the function's name. Each event is attributed to the phase and the training step
 whose batch was last handed out, as the loop reports them to `train.run(..., observer=...)` (a
-`train.LoopObserver`). The claim checked: `train_step` compiles at most once per
+`loop.LoopObserver`). The claim checked: `train_step` compiles at most once per
 (phase, bucket), `eval_step` once per bucket, everything else is a small constant, and nothing
 compiles after the first epoch of each phase.
 """
@@ -28,7 +28,7 @@ import numpy as np
 
 from benchmarks.machine import machine_info, write_json
 from configs import tiny
-from stackft_jax import train
+from stackft_jax import loop, train
 from stackft_jax.data import batching
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -58,7 +58,7 @@ def write_synthetic_qqp(path: Path, num_examples: int, seed: int) -> Path:
     return path
 
 
-class CompileLog(train.LoopObserver):
+class CompileLog(loop.LoopObserver):
     """Compile events, each with the phase and step current when it happened."""
 
     def __init__(self):
@@ -67,7 +67,7 @@ class CompileLog(train.LoopObserver):
         self.events: list[dict] = []
         self.cache_hits = 0
 
-    # train.LoopObserver: where the loop is.
+    # loop.LoopObserver: where the loop is.
     def phase_started(self, name: str) -> None:
         self.phase, self.step = name, None
 

@@ -6,7 +6,7 @@
 
 Each mode trains phase 1 of stack_and_finetune (configs/quora.py:demo resized to `--model`, cls_mlp head)
 for `--epochs` epochs from the same parameters over the same batches (`batching.train_batches`, the
-run's seed), with the step jitted as `train.run_phase` jits it (`cases.jax_train_state`):
+run's seed), with the step jitted as `loop.run_phase` jits it (`cases.jax_train_state`):
 
   recompute_dropout  today's default: the frozen backbone runs in training mode, dropout on, every step
   recompute          phase1.backbone_dropout=False: the backbone runs deterministically every step
@@ -105,7 +105,7 @@ def run_mode(
             model.params,
             graphdef=model.graphdef,
             mesh=model.mesh,
-            all_layers=model.config.model.scalar_mix,
+            all_layers=model.spec.model.scalar_mix,
             dtype=args.cache_dtype,
             global_batch_size=args.eval_batch_size,
             buckets=buckets,
@@ -118,7 +118,7 @@ def run_mode(
         ds,
         start_step=0,
         global_batch_size=args.batch_size,
-        seed=model.config.seed * 1000,  # phase index 0, as train.run_phase seeds phase 1
+        seed=model.spec.seed * 1000,  # phase index 0, as loop.run_phase seeds phase 1
         buckets=buckets,
         with_index=cache is not None,
     )

@@ -47,8 +47,7 @@ import numpy as np
 
 from benchmarks import cases
 from benchmarks.machine import finish, machine_info
-from stackft_jax import train
-from stackft_jax.models import bert
+from stackft_jax.models import bert, build
 
 # name -> (environment changes of the subprocess, extra XLA flags)
 XLA_FLAG_SETS: dict[str, tuple[dict[str, str], str]] = {
@@ -61,7 +60,7 @@ XLA_FLAG_SETS: dict[str, tuple[dict[str, str], str]] = {
 def model_dims(model: str) -> dict[str, int]:
     """Hidden size, intermediate size, layers and heads of a `benchmarks.cases` model."""
     config = cases.experiment_config(model, seq_len=128)
-    b = train.backbone_config(config, bert.resolve_model_dir(config.model.name_or_path))
+    b = build.backbone_config(config, bert.resolve_model_dir(config.model.name_or_path))
     return {
         "hidden_size": b.hidden_size,
         "num_hidden_layers": b.num_hidden_layers,

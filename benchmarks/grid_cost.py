@@ -33,7 +33,8 @@ from pathlib import Path
 import ml_collections
 
 from benchmarks.machine import finish, machine_info
-from stackft_jax import compilation_cache, config_cli, grid, train
+from stackft_jax import compilation_cache, config_cli, train
+from stackft_jax.experiments import cells, grid
 
 # case -> (grid config, the cell's axis values)
 CASES = {
@@ -65,11 +66,11 @@ QUICK_SETTINGS = [
 COLUMNS = ("compilation", "feature_cache", "train_steps", "evaluation", "gap_evaluation")
 
 
-def case_run(case: str, seed: int, *, quick: bool) -> tuple[ml_collections.ConfigDict, grid.Run]:
+def case_run(case: str, seed: int, *, quick: bool) -> tuple[ml_collections.ConfigDict, cells.Run]:
     """The grid config of `case` and its cell's run at `seed`."""
     path, cell = CASES[case]
     grid_config = config_cli.load(path, [f"base={QUICK_BASES[case]}"] if quick else [])
-    for run in grid.runs_of(grid_config):
+    for run in cells.runs_of(grid_config):
         if run.seed == seed and dict(run.cell) == cell:
             return grid_config, run
     raise ValueError(f"{path} has no cell {cell} at seed {seed} (num_seeds={grid_config.num_seeds})")

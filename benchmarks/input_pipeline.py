@@ -62,7 +62,7 @@ def timed(fn):
 
 
 def batches_per_s(dataset, args, buckets, *, put: bool) -> dict:
-    """Pull batches exactly as `train.run_phase` does (optionally including the device copy)."""
+    """Pull batches exactly as `loop.run_phase` does (optionally including the device copy)."""
     mesh = sharding.make_mesh()
     per_epoch = batching.steps_per_epoch(batching.num_rows(dataset), args.batch_size)
     num = args.batches or min(per_epoch, 2000)

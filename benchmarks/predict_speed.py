@@ -30,9 +30,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     source = trained.open_workdir(args.workdir)
-    path = Path(args.input or source.config.data.dev_file)
+    path = Path(args.input or source.run_spec.data.dev_file)
     predictor = inference.Predictor(source)
-    config = source.config
+    run_spec = source.run_spec
     examples = inference.read_input(source.task, path)
     split = task_spec.Split(
         "dev",
@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> dict:
             source.task,
             predictor.tokenizer,
             examples,
-            max_seq_length=config.max_seq_length,
-            options=source.task.encoding_options(config.data),
+            max_seq_length=run_spec.max_seq_length,
+            options=source.task.encoding_options(run_spec.data.as_mapping()),
         ),
         source.task.is_labelled(examples),
     )

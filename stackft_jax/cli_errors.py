@@ -23,6 +23,7 @@ import re
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 EXIT_DATA = 1
@@ -51,6 +52,15 @@ class DataError(UserError, ValueError):
     exit_code = EXIT_DATA
 
 
+def refuse_to_replace(flag: str, path: str | Path, *, overwrite: bool) -> None:
+    """A command's output `--flag=path` must not hold anything already (a non-empty file, a folder with
+    entries) unless `overwrite`: nothing a user saved is lost to a repeated command."""
+    target = Path(path)
+    occupied = (target.is_file() and target.stat().st_size > 0) or (target.is_dir() and any(target.iterdir()))
+    if occupied and not overwrite:
+        raise UsageError(f"--{flag}={path} exists and is not empty: pass --overwrite to replace it")
+
+
 def exit_code_of(error: BaseException) -> int | None:
     """The exit status of a user's mistake, or None for a bug."""
     from absl import app
@@ -61,7 +71,7 @@ def exit_code_of(error: BaseException) -> int | None:
         return EXIT_USAGE
     if isinstance(error, KeyboardInterrupt):
         return EXIT_INTERRUPTED
-    # Stops whose message is complete: a lost file, a non-finite loss (train.py names step and checkpoint).
+    # Stops whose message is complete: a lost file, a non-finite loss (loop.py names step and checkpoint).
     if isinstance(error, FileNotFoundError | FloatingPointError):
         return EXIT_DATA
     if _disk_full(error) is not None:

@@ -4,7 +4,7 @@ Where it lives, first that applies: `config.compilation_cache_dir` when it is a 
 turns the cache off); when it is "auto" (the default), the JAX_COMPILATION_CACHE_DIR environment
 variable, else `$STACKFT_JAX_CACHE/jax_compilation_cache`, else `~/.cache/stackft_jax/jax_compilation_cache`.
 Entries are keyed by the program, the compiler and the devices, so runs that differ only in their seed
-share them (train.build_phase_step passes the dropout key as an argument for that reason). The folder
+share them (loop.build_phase_step passes the dropout key as an argument for that reason). The folder
 only grows; delete it to reclaim the space.
 """
 

@@ -12,8 +12,8 @@ A run is flagged, per scored split, from its prediction records (predictions.py)
   at_or_below_all_o      tagging: token accuracy at or below tagging every word `O` (the most frequent tag
                          when the tags have no `O`)
 
-train.py writes the flags to results.json (`final.<split>.degenerate`) and warns in the run's last log
-line; experiment_report.py marks flagged cells and every comparison against or by one.
+scoring.py writes the flags to results.json (`final.<split>.degenerate`) and warns in the run's last log
+line; experiments/report.py marks flagged cells and every comparison against or by one.
 """
 
 import collections
@@ -29,6 +29,7 @@ ONE_CLASS_SHARE = 0.99
 # Predictions whose standard deviation is under 1% of the labels' carry no ranking worth a correlation.
 CONSTANT_SPREAD = 0.01
 _TOLERANCE = 1e-12
+OBJECTIVES = ("classification", "regression", "word_tagging")  # objectives.py's, by name (no jax here)
 
 FLAGS = (
     "one_class",
@@ -58,9 +59,12 @@ def all_o_accuracy(gold: Sequence[Sequence[str]]) -> float:
     return tags.count("O") / len(tags)
 
 
-def flags(records: Sequence[Mapping[str, Any]], scores: Mapping[str, Any]) -> list[str]:
+def flags(records: Sequence[Mapping[str, Any]], scores: Mapping[str, Any], objective: str) -> list[str]:
     """The degenerate flags (in FLAGS order) of one split's labelled prediction records and its scores
-    (results.json's `final.<split>`); [] for a run that learned something."""
+    (results.json's `final.<split>`), for the task's objective (objectives.Objective.name:
+    classification, regression or word_tagging); [] for a run that learned something."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective {objective!r}: choose one of {OBJECTIVES}")
     if not records or "label" not in records[0]:
         return []
     raised = set()
@@ -70,8 +74,7 @@ def flags(records: Sequence[Mapping[str, Any]], scores: Mapping[str, Any]) -> li
                 raised.add(f"{flag}_undefined")
             elif flag == "f1" and scores[name] <= _TOLERANCE:
                 raised.add("f1_zero")
-    first = records[0]
-    if isinstance(first["label"], list):  # tagging: tag names per word
+    if objective == "word_tagging":  # tag names per word
         predicted = [tag for r in records for tag in r["prediction"]]
         gold = [r["label"] for r in records]
         if majority_share(predicted) >= ONE_CLASS_SHARE:
@@ -81,7 +84,7 @@ def flags(records: Sequence[Mapping[str, Any]], scores: Mapping[str, Any]) -> li
         )
         if accuracy <= all_o_accuracy(gold) + _TOLERANCE:
             raised.add("at_or_below_all_o")
-    elif "probabilities" in first:  # classification
+    elif objective == "classification":
         predicted = [r["prediction"] for r in records]
         labels = [r["label"] for r in records]
         if majority_share(predicted) >= ONE_CLASS_SHARE:

@@ -86,6 +86,13 @@ class Evaluator:
         return Evaluation(rows, {**scores, "loss": loss_sum / max(count, 1.0)})
 
 
+def probabilities_and_labels(split: Split, done: Evaluation) -> tuple[np.ndarray, np.ndarray]:
+    """A classification evaluation's class probabilities and the labels of the rows it scored (what
+    calibration.py reads)."""
+    probabilities = done.rows["probabilities"]
+    return probabilities, split.arrays["labels"][: len(probabilities)]
+
+
 def build_evaluator(
     task: TaskSpec,
     graphdef: nnx.GraphDef,

@@ -16,10 +16,10 @@ A grid config (configs/experiments/*.py) holds:
             values and seed (paired)
   metric    the metric the comparisons use (a key of results.json's `final.dev`)
   ensembles optional, "" by default: "key=v1+v2; key2=..." averages the class probabilities of the runs
-            with those values of that axis (equal weights, ensemble.py), per seed and combination of the
-            other axes' values; the report builds them from the finished runs in WORKDIR/ensembles/ and
-            shows each as a cell whose value is `v1+v2` (compared with the baseline like any cell);
-            classification only, refused before training otherwise
+            with those values of that axis (equal weights, experiments/ensemble.py), per seed and
+            combination of the other axes' values; the report builds them from the finished runs in
+            WORKDIR/ensembles/ and shows each as a cell whose value is `v1+v2` (compared with the
+            baseline like any cell); classification only, refused before training otherwise
   paper_results optional, "" by default: "<cell name>: <gain in points>; ..." the gain over the baseline
             that a paper reports for that cell (source in the grid config's comment); the report's
             paper-layout table shows it beside the measured gain, `not found` where it has none
@@ -29,7 +29,7 @@ report shows test beside dev wherever runs scored it.
 
 Every cell-seed is an ordinary run in `WORKDIR/runs/<cell>-seed<k>` (so it resumes like any run, and is
 bound to its config like any workdir); finished runs are read back, so the grid resumes where it stopped
-and a finished grid only rewrites the report and its ensembles (experiment_report.py). Runs go seed by
+and a finished grid only rewrites the report and its ensembles (experiments/report.py). Runs go seed by
 seed, so a grid cut short still has comparable cells. `--shard=i/N` runs the cell-seeds whose position
 in that order is i mod N: N machines over one shared workdir (or merged later) split a grid; the report
 is written by whichever finds every run finished.
@@ -53,7 +53,7 @@ import sys
 from absl import app, flags
 
 from stackft_jax import cli_errors, config_cli
-from stackft_jax.grid import parse_shard, plan_grid, run_grid
+from stackft_jax.experiments.grid import parse_shard, plan_grid, run_grid
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("config", None, "grid config file, FILE.py[:presets,key=value,...]")
@@ -81,7 +81,8 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 @cli_errors.guarded  # a user's mistake: one line and its exit status (cli_errors.py)
 def main(argv: list[str]) -> None:
-    from stackft_jax import experiment_report, logs
+    from stackft_jax import logs
+    from stackft_jax.experiments import report
 
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -99,7 +100,7 @@ def main(argv: list[str]) -> None:
         print(f"shard {FLAGS.shard} finished; the report is written once every shard has")
         return
     # --report_only over an unfinished grid names the missing run
-    print(f"report: {experiment_report.write_report(grid, FLAGS.workdir)}")
+    print(f"report: {report.write_report(grid, FLAGS.workdir)}")
 
 
 if __name__ == "__main__":

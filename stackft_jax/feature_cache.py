@@ -2,7 +2,7 @@
 
 In a phase whose backbone is frozen and runs without dropout (`phase1.backbone_dropout=False`), the
 backbone maps an example to the same outputs at every step. With `phase1.feature_cache=True`,
-`train.run_phase` runs it once over the train and dev splits and then trains (and evaluates) the head
+`loop.run_phase` runs it once over the train and dev splits and then trains (and evaluates) the head
 on the stored outputs, so a step costs the head alone. Batches keep the example order of
 `batching.train_batches` and their length bucket; the head's dropout keys are those of the
 recomputing run (a deterministic backbone draws none), so the result matches recomputing up to float

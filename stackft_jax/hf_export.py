@@ -3,6 +3,7 @@ Hugging Face layout, the head, a transformers task model where one is exact, a m
 and the folder's layout: export.py.
 """
 
+import copy
 import json
 import os
 import shutil
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from stackft_jax import trained
-from stackft_jax.cli_errors import UsageError
+from stackft_jax.cli_errors import UsageError, refuse_to_replace
 
 TASK_MODEL_DIR = "transformers_task_model"
 # transformers' class-name stem per config.json model_type.
@@ -58,15 +59,15 @@ def hf_config(model_dir: Path, bert_config, architecture: str) -> dict[str, Any]
 def transformers_task_model(source: trained.Source, loaded: trained.Loaded) -> tuple[str, dict, dict] | str:
     """(class name, extra config.json keys, tensors) of the transformers class the run's model is
     exactly, or why there is none."""
-    config, task, bert_config = source.config, source.task, loaded.bert_config
+    run_spec, task, bert_config = source.run_spec, source.task, loaded.bert_config
     stem, family = _CLASS_STEMS[bert_config.model_type], bert_config.family
-    if config.model.scalar_mix:
+    if run_spec.model.scalar_mix:
         return "the head reads a learned mix of all layers (model.scalar_mix), no transformers class does"
     backbone = {k: v for k, v in loaded.params["backbone"].items()}
     head = loaded.params["head"]["net"]
     names = list(getattr(task, "prediction_names", None) or task.output_names)
     labels = {"id2label": dict(enumerate(names)), "label2id": {n: i for i, n in enumerate(names)}}
-    name = config.head.name
+    name = run_spec.head.name
     from stackft_jax.models import bert, heads
 
     def linear(prefix: str, node: dict) -> dict:
@@ -76,12 +77,12 @@ def transformers_task_model(source: trained.Source, loaded: trained.Loaded) -> t
         }
 
     if task.objective.name == "word_tagging":
-        if not heads.is_linear(config.head):
+        if not heads.is_linear(run_spec.head):
             return f"head {name!r} is more than one dense layer on the words; *ForTokenClassification is one"
         body = bert.to_hf_weights({**backbone, "pooler": None}, bert_config)
         tensors = {family.prefix + k: v for k, v in body.items()} | linear("classifier", head["output"])
         return f"{stem}ForTokenClassification", labels, tensors
-    if name != "cls_mlp" or config.head.cls_mlp.hidden_dim != bert_config.hidden_size:
+    if name != "cls_mlp" or run_spec.head.cls_mlp.hidden_dim != bert_config.hidden_size:
         return (
             f"head {name!r} has no transformers class: only cls_mlp with hidden_dim = hidden_size "
             f"({bert_config.hidden_size}) is BertForSequenceClassification's pooler + classifier"
@@ -112,17 +113,18 @@ def _copy_tokenizer(model_dir: Path, folder: Path) -> None:
 def _export_config(source: trained.Source) -> dict[str, Any]:
     """The run's config as predict and new runs rebuild the model from the export: the encoder is the
     folder's (config.json holds any architecture override)."""
-    from stackft_jax import config_cli
-
-    plain = config_cli.to_plain(source.config)
+    plain = copy.deepcopy(source.run_spec.raw)  # the run's whole config, as results.json records it
     plain["model"]["name_or_path"] = "."  # the export folder itself (trained.open_export)
     plain["model"]["init"] = "pretrained"
     plain["model"]["config_overrides"] = dict.fromkeys(plain["model"]["config_overrides"], 0)
     return plain
 
 
-def write(source: trained.Source, loaded: trained.Loaded, folder: Path) -> dict[str, Any]:
-    """Writes the export's files into the (empty) `folder`; returns head_config.json's contents."""
+def write(
+    source: trained.Source, loaded: trained.Loaded, folder: Path, *, name: str | None = None
+) -> dict[str, Any]:
+    """Writes the export's files into the (empty) `folder`; returns head_config.json's contents. `name`:
+    the folder's name once in place (the model card's commands use it), `folder`'s own by default."""
     from safetensors.numpy import save_file
 
     from stackft_jax.models import bert
@@ -152,6 +154,7 @@ def write(source: trained.Source, loaded: trained.Loaded, folder: Path) -> dict[
         _copy_tokenizer(source.model_dir, sub)
     results = source.results or {}
     describe = source.task.describe()
+    head = source.run_spec.head  # the chosen head's block only
     record = {
         "format": "stackft_jax export 1",
         "source": str(source.path.absolute()),
@@ -159,8 +162,8 @@ def write(source: trained.Source, loaded: trained.Loaded, folder: Path) -> dict[
         "task": describe,
         "label_names": list(getattr(source.task, "prediction_names", None) or source.task.output_names),
         "tag_scheme": describe.get("tag_scheme"),
-        "head": {"name": source.config.head.name, **source.config.head[source.config.head.name].to_dict()},
-        "strategy": source.config.strategy,
+        "head": {"name": head.name, **head[head.name].to_dict()},
+        "strategy": source.run_spec.strategy,
         "phases": [
             {k: r.get(k) for k in ("phase", "steps", "stop_reason", "learning_rates")}
             for r in results.get("phases", [])
@@ -177,7 +180,7 @@ def write(source: trained.Source, loaded: trained.Loaded, folder: Path) -> dict[
         },
     }
     (folder / trained.HEAD_CONFIG).write_text(json.dumps(record, indent=2) + "\n")
-    (folder / "README.md").write_text(model_card(record, folder.name))
+    (folder / "README.md").write_text(model_card(record, name or folder.name))
     return record
 
 
@@ -247,8 +250,9 @@ def export(source: trained.Source, out: str | Path, *, overwrite: bool = False) 
     import jax
 
     out = Path(out)
-    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(f"--out={out} exists and is not empty: pass --overwrite to replace it")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out={out} is a file: an export is a folder")
+    refuse_to_replace("out", out, overwrite=overwrite)
     loaded = source.load()
     if jax.process_index() != 0:
         return None
@@ -257,7 +261,7 @@ def export(source: trained.Source, out: str | Path, *, overwrite: bool = False) 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        write(source, loaded, tmp)
+        write(source, loaded, tmp, name=out.name)  # tmp is renamed to out
         if out.exists():
             old = out.parent / f".{out.name}.old-{os.getpid()}"
             os.replace(out, old)

@@ -74,18 +74,18 @@ class Predictor:
         from stackft_jax import evaluation, sharding
         from stackft_jax.data import batching, tokenization
 
-        self.source, self.task, config = source, source.task, source.config
+        self.source, self.task, run_spec = source, source.task, source.run_spec
         self.loaded = source.load()
         mesh = sharding.make_mesh()
         self.global_batch_size = sharding.global_batch_size(
-            per_device_batch_size or config.eval_per_device_batch_size, mesh
+            per_device_batch_size or run_spec.eval_per_device_batch_size, mesh
         )
         self.evaluator = evaluation.build_evaluator(
             self.task,
             self.loaded.graphdef,
             mesh,
             global_batch_size=self.global_batch_size,
-            buckets=batching.length_buckets(config.max_seq_length),
+            buckets=batching.length_buckets(run_spec.max_seq_length),
         )
         self.params = jax.device_put(self.loaded.params, sharding.replicated(mesh))
         self.tokenizer = tokenization.load_tokenizer(source.model_dir)
@@ -93,13 +93,13 @@ class Predictor:
     def predict(self, examples: list[Any], *, progress: bool = True) -> Prediction:
         from stackft_jax.data import task_spec
 
-        config = self.source.config
+        run_spec = self.source.run_spec
         arrays = task_spec.encode_examples(
             self.task,
             self.tokenizer,
             examples,
-            max_seq_length=config.max_seq_length,
-            options=self.task.encoding_options(config.data),
+            max_seq_length=run_spec.max_seq_length,
+            options=self.task.encoding_options(run_spec.data.as_mapping()),
         )
         split = Split("input", examples, arrays, self.task.is_labelled(examples))
         done = self.evaluator.evaluate(self.params, split, progress=progress)

@@ -48,10 +48,10 @@ STDIN = "-"
 
 
 def _check_target(flag: str, path: str | None) -> None:
-    if path and path != STDIN and not FLAGS.overwrite:
-        target = Path(path)
-        if target.is_dir() or (target.is_file() and target.stat().st_size > 0):
-            raise UsageError(f"--{flag}={path} exists and is not empty: pass --overwrite to replace it")
+    if path and path != STDIN:
+        if Path(path).is_dir():
+            raise UsageError(f"--{flag}={path} is a folder: name a file")
+        cli_errors.refuse_to_replace(flag, path, overwrite=FLAGS.overwrite)
 
 
 def _open_source():
@@ -85,7 +85,7 @@ def main(argv: list[str]) -> None:
     examples = None if FLAGS.input == STDIN else inference.read_input(source.task, Path(FLAGS.input))
     from stackft_jax import compilation_cache, predictions
 
-    compilation_cache.enable(source.config.compilation_cache_dir)
+    compilation_cache.enable(source.run_spec.compilation_cache_dir)
     predictor = inference.Predictor(source, per_device_batch_size=FLAGS.per_device_batch_size)
     print(f"{source.path}: {predictor.loaded.which} parameters, task {source.task.name}", file=sys.stderr)
     if examples is None:

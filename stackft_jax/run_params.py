@@ -18,25 +18,25 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import ml_collections
 import orbax.checkpoint as ocp
 from flax import nnx
 
 from stackft_jax import checkpointing, spec, workdirs
-from stackft_jax.models import bert
+from stackft_jax.models import bert, build
+from stackft_jax.spec import RunSpec
 
 
-def recorded_config(workdir: str | Path) -> ml_collections.ConfigDict:
-    """The config the workdir's run recorded (WORKDIR/config.json)."""
+def recorded_spec(workdir: str | Path) -> RunSpec:
+    """The config the workdir's run recorded (WORKDIR/config.json), resolved as a record: its data
+    files need not exist now."""
     path = Path(workdir) / workdirs.CONFIG_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no recorded config (not a run's workdir)")
-    return spec.config_from_plain(json.loads(path.read_text())["config"])
+    return spec.resolve(spec.config_from_plain(json.loads(path.read_text())["config"]), recorded=True)
 
 
-def phase_names(config: ml_collections.ConfigDict) -> list[str]:
+def phase_names(run_spec: RunSpec) -> list[str]:
     """The run's phases in order (from the encoder's config.json: no model is built)."""
-    run_spec = spec.resolve(config, recorded=True)
     bert_config = bert.BertConfig.from_pretrained(bert.resolve_model_dir(run_spec.model.name_or_path))
     layers = run_spec.model.config_overrides.get("num_hidden_layers") or bert_config.num_hidden_layers
     plan = run_spec.phase_blocks(layers, has_pooler=bert_config.family.has_pooler)
@@ -52,19 +52,16 @@ def best_params(workdir: str | Path, like: dict[str, Any] | None = None) -> tupl
     if not steps:
         raise FileNotFoundError(f"{folder}: no best checkpoint")
     if like is None:
-        like = _initial_params(recorded_config(workdir))
+        like = _initial_params(recorded_spec(workdir))
     one_device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one_device), like)
     with ocp.StandardCheckpointer() as checkpointer:
         return steps[-1], checkpointer.restore(folder / str(steps[-1]) / "params", target)
 
 
-def _initial_params(config: ml_collections.ConfigDict) -> dict[str, Any]:
-    from stackft_jax import train  # build_model: the run's own model construction
-
-    run_spec = spec.resolve(config, recorded=True)
+def _initial_params(run_spec: RunSpec) -> dict[str, Any]:
     model_dir = bert.resolve_model_dir(run_spec.model.name_or_path)
-    model, _ = train.build_model(run_spec, run_spec.task, model_dir)
+    model, _ = build.build_model(run_spec, run_spec.task, model_dir)
     return nnx.to_pure_dict(nnx.state(model))
 
 
@@ -74,9 +71,9 @@ def phase_params(
     """The full parameters (a nested dict of arrays on one device) at the end of `phase` (a phase name
     of the run's strategy; None: its last phase), which must have finished. `initial`: the run's
     initial parameters when the caller built its model already."""
-    config = recorded_config(workdir)
-    params = _initial_params(config) if initial is None else initial
-    names = phase_names(config)
+    run_spec = recorded_spec(workdir)
+    params = _initial_params(run_spec) if initial is None else initial
+    names = phase_names(run_spec)
     target = names[-1] if phase is None else phase
     if target not in names:
         raise ValueError(f"{workdir}: the run's phases are {names}, not {target!r}")
@@ -87,7 +84,7 @@ def phase_params(
         if checkpointing.frozen_fingerprint(params, checkpointing.marks_of(params, part)) != frozen:
             raise checkpointing.FrozenParametersChanged(
                 f"{checkpointing.phase_end_path(workdir, name)}: its phase started from other frozen "
-                f"parameters than the model {config.model.name_or_path!r} builds now (the model folder "
+                f"parameters than the model {run_spec.model.name_or_path!r} builds now (the model folder "
                 "changed since the run)"
             )
         params = checkpointing.with_trained_part(params, part)

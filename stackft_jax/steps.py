@@ -1,4 +1,4 @@
-"""Pure, module-level train and eval steps. `train.py` binds the static arguments and jits them once
+"""Pure, module-level train and eval steps. `loop.py` binds the static arguments and jits them once
 per phase; the state is donated.
 
 Every step takes a batch of tokens, or (train and eval steps) a batch that also carries cached

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import ml_collections
 from flax import nnx
 
 from stackft_jax import run_params, spec
 from stackft_jax.cli_errors import DataError, UsageError
 from stackft_jax.data.task_spec import TaskSpec
-from stackft_jax.models import bert
+from stackft_jax.models import bert, build
+from stackft_jax.spec import RunSpec
 
 PARAMS = ("best", "last")
 HEAD_CONFIG = "head_config.json"  # an export's head, task and run (export.py)
@@ -43,22 +43,24 @@ class Source:
     """Where a trained model comes from and what was asked of it; `load` reads it."""
 
     path: Path  # the workdir or the export folder
-    config: ml_collections.ConfigDict  # the run's config (an export's points model.name_or_path at it)
-    task: TaskSpec
+    run_spec: RunSpec  # the run's recorded config, resolved (an export's model.name_or_path is the folder)
     is_export: bool
     params: str  # "best" or "last"
     phase: str | None  # a finished phase whose end is wanted; None: the run's final parameters
     results: dict[str, Any] | None  # the run's results.json (an export's head_config.json `run`)
 
     @property
+    def task(self) -> TaskSpec:
+        """The run's task, configured by its data.* keys."""
+        return self.run_spec.task
+
+    @property
     def model_dir(self) -> Path:
         """The encoder's folder: its tokenizer, config.json and (unless model.init=random) weights."""
-        return bert.resolve_model_dir(self.config.model.name_or_path)
+        return bert.resolve_model_dir(self.run_spec.model.name_or_path)
 
     def load(self) -> Loaded:
-        from stackft_jax import train  # build_model: the run's own model construction
-
-        model, bert_config = train.build_model(self.config, self.task, self.model_dir)
+        model, bert_config = build.build_model(self.run_spec, self.task, self.model_dir)
         graphdef, state = nnx.split(model)
         params = nnx.to_pure_dict(state)
         if self.is_export:
@@ -81,8 +83,7 @@ def open_workdir(workdir: str | Path, *, params: str | None = None, phase: str |
     workdir = Path(workdir)
     if not workdir.is_dir():
         raise FileNotFoundError(f"--workdir={workdir}: no such folder")
-    config = run_params.recorded_config(workdir)
-    task = spec.resolve(config, recorded=True).task
+    run_spec = run_params.recorded_spec(workdir)
     results_file = workdir / "results.json"
     results = json.loads(results_file.read_text()) if results_file.is_file() else None
     if params is not None and params not in PARAMS:
@@ -92,7 +93,7 @@ def open_workdir(workdir: str | Path, *, params: str | None = None, phase: str |
             raise UsageError(
                 "--phase names a phase's end parameters; --params picks a finished run's: give one"
             )
-        names = run_params.phase_names(config)
+        names = run_params.phase_names(run_spec)
         if phase not in names:
             raise UsageError(f"--phase={phase}: the run's phases are {names}")
         from stackft_jax import checkpointing
@@ -104,9 +105,9 @@ def open_workdir(workdir: str | Path, *, params: str | None = None, phase: str |
         ]
         if unfinished:
             raise UsageError(f"--phase={phase}: {workdir} has not finished {unfinished[0]} yet")
-        return Source(workdir, config, task, False, "last", phase, results)
+        return Source(workdir, run_spec, False, "last", phase, results)
     if results is None:
-        finished = [n for n in run_params.phase_names(config) if _phase_done(workdir, n)]
+        finished = [n for n in run_params.phase_names(run_spec) if _phase_done(workdir, n)]
         raise UsageError(
             f"{workdir}: the run has not finished (no results.json); name a finished phase with --phase"
             + (f" (finished: {', '.join(finished)})" if finished else " (none has finished yet)")
@@ -115,7 +116,7 @@ def open_workdir(workdir: str | Path, *, params: str | None = None, phase: str |
         params = "best" if str(results.get("final_params", "last")).startswith("best") else "last"
     if params == "best" and not (workdir / "checkpoints" / "best").is_dir():
         raise UsageError(f"--params=best: {workdir} has no best checkpoint (checkpoints/best)")
-    return Source(workdir, config, task, False, params, None, results)
+    return Source(workdir, run_spec, False, params, None, results)
 
 
 def _phase_done(workdir: Path, name: str) -> bool:
@@ -134,9 +135,8 @@ def open_export(folder: str | Path) -> Source:
         )
     record = json.loads(head_config.read_text())
     config = spec.config_from_plain(record["config"])
-    config.model.name_or_path = str(folder)
-    task = spec.resolve(config, recorded=True).task
-    return Source(folder, config, task, True, "last", None, record["run"])
+    config.model.name_or_path = str(folder)  # the record says "." (hf_export): the folder itself
+    return Source(folder, spec.resolve(config, recorded=True), True, "last", None, record["run"])
 
 
 def flat_head(head: dict[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,8 @@ from typing import Any
 
 import jax
 
-from stackft_jax import cli_errors
+from stackft_jax import cli_errors, spec
+from stackft_jax.spec import RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ def bind_config(
     on a rerun, refuses a record that differs in a key that changes results, unless `allow_change` (or
     the workdir holds no progress yet), which records the new one and appends the old one to the
     history file. Returns the differences it allowed ({}: none). `compare` maps a record (the recorded
-    one, or `record` itself) to what is compared: train.run resolves both into the keys the run uses
+    one, or `record` itself) to what is compared: `bind_run` resolves both into the keys the run uses
     (spec.binding_form)."""
     original = record
     workdir = Path(workdir)
@@ -245,6 +246,33 @@ def bind_data(workdir: Path, files: Mapping[str, str], *, allow_change: bool) ->
                 )
     if current != recorded and jax.process_index() == 0:
         _write_json_atomically(path, current)
+
+
+def bind_run(workdir: Path, run_spec: RunSpec, *, global_batch_size: int, allow_change: bool) -> None:
+    """Binds `workdir` to the run `run_spec` describes (RUN: its config and global batch size, then its
+    data files), or refuses it (ConfigMismatch). Both configs are compared resolved (spec.binding_form):
+    only what the run uses binds it, and a key newer than the record reads as its value now (a record
+    lacking it predates it). A change to another phase plan sets the old plan's progress aside."""
+    record = {"config": run_spec.raw, "global_batch_size": global_batch_size}
+
+    def binding(r: dict) -> dict:
+        if r is record:
+            form = spec.binding_form(run_spec)
+        else:
+            try:
+                form = spec.recorded_binding_form(r["config"], run_spec.raw)
+            except ValueError as error:
+                raise ConfigMismatch(
+                    f"{workdir}/{CONFIG_FILE}: its recorded config no longer resolves ({error}); "
+                    "use a new --workdir"
+                ) from None
+        return {**form, "global_batch_size": r.get("global_batch_size")}
+
+    changed = bind_config(workdir, record, allow_change=allow_change, compare=binding)
+    if restarts(changed):  # another phase plan: the old one's checkpoints and best go
+        set_aside_progress(workdir, f"--allow_config_change changed {sorted(changed)[0]}")
+    data_files = {f"data.{split}_file": run_spec.data.file(split) for split in spec.SPLITS}
+    bind_data(workdir, data_files, allow_change=allow_change)
 
 
 @contextlib.contextmanager

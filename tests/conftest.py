@@ -37,7 +37,7 @@ def _run_cli(
     wait: bool = True,
 ) -> subprocess.CompletedProcess | subprocess.Popen:
     """`python -m stackft_jax.main --config=CONFIG --workdir=WORKDIR ARGS` from the repository root;
-    `kill_at` ("phase1:3") makes train.py SIGKILL itself there; `wait=False` returns the Popen."""
+    `kill_at` ("phase1:3") makes the step loop (loop.py) SIGKILL there; `wait=False` returns the Popen."""
     from stackft_jax import preemption
 
     env = dict(os.environ)

@@ -148,7 +148,7 @@ def test_profile_step(tmp_path):
         # The attention matmuls are traced back to the model's source.
         assert any(source.startswith("bert.py:") for source in result["by_source_ms"])
         assert "matmul" in result["by_category_ms"]
-    # The train step (the production one, via train.build_phase_step) runs dropout and the optimizer;
+    # The train step (the production one, via loop.build_phase_step) runs dropout and the optimizer;
     # the eval step has no dropout.
     assert any(source.startswith("dropout.py:") for source in full_result["by_source_ms"])
     assert not any(source.startswith("dropout.py:") for source in eval_result["by_source_ms"])

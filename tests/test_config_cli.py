@@ -259,7 +259,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
             "--config.model.scalar_mix: write --config.model.scalar_mix=VALUE",
         ),
         (
-            # A value the parser accepts but train.check_config refuses: the same one line.
+            # A value the parser accepts but spec.resolve refuses: the same one line.
             ["--config=configs/tiny.py", "--config.strategy=stack_nly"],
             "config.strategy='stack_nly': choose one of ('finetune_only', 'finetune_only_uniform', "
             "'stack_only', 'stack_and_finetune', 'gradual_unfreezing', 'lp_ft'), or write config.phases",

@@ -11,11 +11,11 @@ import pytest
 from flax import nnx
 
 from configs import tiny
-from stackft_jax import metrics, objectives, train
+from stackft_jax import metrics, objectives
 from stackft_jax.data import batching, conll, tasks, tokenization
 from stackft_jax.data.samples import sample_path
 from stackft_jax.data.task_spec import Split, load_split
-from stackft_jax.models import bert
+from stackft_jax.models import bert, build
 from stackft_jax.models.task_model import TaskModel
 from tests.test_train import _assert_same_run
 
@@ -70,7 +70,7 @@ def test_split_sentences_are_joined_and_a_prefix_scores_only_whole_sentences(tok
 
 def _model_outputs(config, tokenizer, max_seq_length: int):
     """Loss and decoded tags of dev sentences that fit one 40-token window, at a given window size."""
-    model, _ = train.build_model(config, TASK, bert.resolve_model_dir(config.model.name_or_path))
+    model, _ = build.build_model(config, TASK, bert.resolve_model_dir(config.model.name_or_path))
     dev = _dev_split(tokenizer, max_seq_length)
     whole = dev.arrays["num_words"] == [len(dev.examples[i].words) for i in dev.arrays["sentence_index"]]
     rows = np.flatnonzero(whole & (dev.arrays["lengths"] <= 40))[:6]

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from stackft_jax import ensemble, predictions
+from stackft_jax import config_cli, predictions
+from stackft_jax.experiments import ensemble
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -45,10 +46,15 @@ def _write_run(workdir, name, *, task="qqp", final=None, p1=None, labels=None, k
             for i, (p, label) in enumerate(zip(p1[split], split_labels, strict=True))
         ]
         predictions.write(predictions.path(workdir, split), records)
+    seed = 0 if name == "a" else 1
+    # The config a run records (train.run): the members' task, head, strategy and seed are read from it.
+    config = config_cli.load(
+        str(REPO / "configs/tiny.py"), [f"data.task={task}", "strategy=stack_and_finetune", f"seed={seed}"]
+    )
     results = {
-        "config": {"data": {"task": task}, "head": {"name": "cls_mlp"}},
+        "config": config_cli.to_plain(config),
         "strategy": "stack_and_finetune",
-        "seed": 0 if name == "a" else 1,
+        "seed": seed,
         "final": final or FINAL[name],
     }
     if data is not None:
@@ -125,9 +131,13 @@ def test_unfinished_and_regression_runs_are_refused(runs, tmp_path):
     (tmp_path / "unfinished").mkdir()
     with pytest.raises(ensemble.EnsembleError, match="unfinished: no results.json"):
         ensemble.ensemble([runs[0], tmp_path / "unfinished"])
+    # The task comes from the run's recorded config (resolved), not from the records' shape.
+    regression = _write_run(tmp_path / "stsb", "b", task="stsb")
+    with pytest.raises(ensemble.EnsembleError, match="data.task='stsb', a regression task"):
+        ensemble.ensemble([runs[0], regression])
     file = predictions.path(runs[1], "dev")
     predictions.write(file, [{"key": "dev0", "prediction": 2.5, "label": 3.0}])
-    with pytest.raises(ensemble.EnsembleError, match="has no `probabilities`: not a classification run"):
+    with pytest.raises(ensemble.EnsembleError, match="has no `probabilities`, which the classification run"):
         ensemble.ensemble(runs)
     with pytest.raises(ensemble.EnsembleError, match="at least two runs"):
         ensemble.ensemble(runs[:1])

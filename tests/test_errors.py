@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from configs import tiny
-from stackft_jax import cli_errors, config_cli, grid, train, workdirs
+from stackft_jax import cli_errors, config_cli, train, workdirs
+from stackft_jax.experiments import grid
 from tests.test_ensemble import _write_run
 from tests.test_experiment import _grid
 from tests.test_train import _assert_same_run, signal_after_the_first_checkpoint
@@ -353,3 +354,23 @@ def test_only_abandoned_checkpoint_reads_are_dropped_from_the_output(monkeypatch
     sys.unraisablehook(own)
     assert seen == [own]
     orbax_read.close()
+
+
+# --- outputs -------------------------------------------------------------------------------------
+
+
+def test_an_output_that_holds_something_is_refused_unless_overwrite(tmp_path):
+    empty_file, empty_folder = tmp_path / "empty.jsonl", tmp_path / "empty"
+    empty_file.touch()
+    empty_folder.mkdir()
+    for free in (tmp_path / "new.jsonl", empty_file, empty_folder):
+        cli_errors.refuse_to_replace("out", free, overwrite=False)
+    full_file, full_folder = tmp_path / "full.jsonl", tmp_path / "full"
+    full_file.write_text("{}\n")
+    (full_folder / "sub").mkdir(parents=True)
+    for taken in (full_file, full_folder):
+        with pytest.raises(
+            cli_errors.UsageError, match=rf"^--out={taken} exists and is not empty: pass --overwrite"
+        ):
+            cli_errors.refuse_to_replace("out", taken, overwrite=False)
+        cli_errors.refuse_to_replace("out", taken, overwrite=True)

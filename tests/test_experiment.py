@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from stackft_jax import config_cli, degenerate, experiment_report, grid, metrics, predictions
+from stackft_jax import config_cli, degenerate, metrics, predictions
+from stackft_jax.experiments import cells, grid
+from stackft_jax.experiments import report as grid_report
 from tests.conftest import REPO
 
 ASO_ITERATIONS = 50  # deepsig's default of 1000 takes half a minute per comparison
@@ -36,7 +38,7 @@ def _grid(**changes) -> ml_collections.ConfigDict:
 
 
 def test_axes_cells_and_their_order():
-    runs = grid.runs_of(_grid())
+    runs = cells.runs_of(_grid())
     assert len(runs) == 12 and [r.seed for r in runs[:4]] == [0, 0, 0, 0]  # seed by seed
     assert runs[1].name == "strategy=finetune_only-name=esim-seed0"
     assert runs[1].overrides() == ["strategy=finetune_only", "head.name=esim", "seed=0"]
@@ -55,8 +57,8 @@ def test_axes_cells_and_their_order():
 )
 def test_bad_grids_are_named(changes, message):
     with pytest.raises(config_cli.ConfigError, match=message):
-        grid.runs_of(_grid(**changes))
-        grid.baseline_of(_grid(**changes))
+        cells.runs_of(_grid(**changes))
+        cells.baseline_of(_grid(**changes))
 
 
 def test_a_bad_key_in_an_axis_fails_before_training(tmp_path):
@@ -66,7 +68,7 @@ def test_a_bad_key_in_an_axis_fails_before_training(tmp_path):
 
 
 def test_a_bad_value_in_a_later_cell_fails_before_any_cell_trains(tmp_path):
-    # Keys are checked when the configs are built; values and files by train.check_config, for every
+    # Keys are checked when the configs are built; values and files by spec.resolve, for every
     # cell before the first trains. The command line prints one line and exits 2.
     missing = tmp_path / "no_such_dev.tsv"
     grid_file = tmp_path / "bad_grid.py"
@@ -139,15 +141,15 @@ def test_a_bundled_axis_value_sets_several_keys_and_is_named_by_its_label(tmp_pa
         num_seeds=1,
         baseline="method=tuned",
     )
-    assert grid.parse_axes(g.axes) == [("method", ["frozen", "tuned"])]
-    assert [r.overrides() for r in grid.runs_of(g)] == [
+    assert cells.parse_axes(g.axes) == [("method", ["frozen", "tuned"])]
+    assert [r.overrides() for r in cells.runs_of(g)] == [
         ["strategy=stack_only", "model.scalar_mix=True", "seed=0"],
         ["strategy=finetune_only", "seed=0"],
     ]
     assert grid.run_grid(g, tmp_path)
     recorded = json.loads((tmp_path / "runs" / "method=frozen-seed0" / "config.json").read_text())["config"]
     assert (recorded["strategy"], recorded["model"]["scalar_mix"]) == ("stack_only", True)
-    experiment_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    grid_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
     (row,) = json.loads((tmp_path / "report.json").read_text())["comparisons"]
     assert (row["cell"], row["baseline"]) == ({"method": "frozen"}, {"method": "tuned"})
     assert "| method=frozen | method=tuned |" in (tmp_path / "report.md").read_text()
@@ -156,7 +158,7 @@ def test_a_bundled_axis_value_sets_several_keys_and_is_named_by_its_label(tmp_pa
 @pytest.mark.parametrize("value", ["frozen:strategy=a,=b", "frozen:=1", "frozen:strategy=a,b"])
 def test_a_malformed_bundle_is_named(value):
     with pytest.raises(config_cli.ConfigError, match="label:key=value"):
-        grid.runs_of(_grid(axes=f"method={value}|tuned:strategy=finetune_only", baseline="method=tuned"))
+        cells.runs_of(_grid(axes=f"method={value}|tuned:strategy=finetune_only", baseline="method=tuned"))
 
 
 @pytest.mark.parametrize("preset", ["", "mrpc", "stsb", "small,sst2", "small,mrpc", "mrpc,small"])
@@ -164,7 +166,7 @@ def test_peters_glue_grids_build_every_cell(preset):
     g = config_cli.load("configs/experiments/peters_glue.py" + (f":{preset}" if preset else ""), [])
     task = next((t for t in ("mrpc", "stsb") if t in preset), "sst2")
     assert g.metric == {"sst2": "accuracy", "mrpc": "f1", "stsb": "pearson"}[task]
-    frozen, tuned = (grid.run_config(g, run) for run in grid.runs_of(g)[:2])
+    frozen, tuned = (grid.run_config(g, run) for run in cells.runs_of(g)[:2])
     assert frozen.data.task == tuned.data.task == task
     assert (frozen.strategy, frozen.model.scalar_mix) == ("stack_only", True)
     assert (tuned.strategy, tuned.model.scalar_mix, tuned.head.name) == ("finetune_only", False, "cls_mlp")
@@ -184,16 +186,18 @@ def test_peters_glue_grids_build_every_cell(preset):
 def test_pilot_curves_extend_the_paper_grids_runs(task, grid_file, heads):
     g = config_cli.load(f"configs/experiments/pilot.py:{task}", [])
     paper = config_cli.load(f"configs/experiments/{grid_file}.py:small", [])
-    reference = grid.run_config(paper, grid.runs_of(paper)[0])
-    configs = [grid.run_config(g, run) for run in grid.runs_of(g)]
+    reference = grid.run_config(paper, cells.runs_of(paper)[0])
+    configs = [grid.run_config(g, run) for run in cells.runs_of(g)]
     assert g.num_seeds == 1 and {(c.strategy, c.head.name) for c in configs} == {
         (s, h) for s in ("finetune_only", "stack_and_finetune") for h in heads
     }
-    for c in configs:  # the grid's runs, data and phase 1, with a longer fine-tuning budget
+    for c in configs:  # the grid's runs and data, a longer fine-tuning budget, dense evaluations
         assert (c.data.train_file, c.data.dev_file) == (reference.data.train_file, reference.data.dev_file)
-        assert c.phase1.num_steps == reference.phase1.num_steps
-        grid_steps = reference.phase2.num_steps
-        assert c.phase2.num_steps >= 2 * grid_steps and c.eval_every_steps < c.phase2.num_steps / 4
+        assert (c.max_seq_length, c.per_device_batch_size) == (
+            reference.max_seq_length,
+            reference.per_device_batch_size,
+        )
+        assert c.phase2.num_steps > reference.phase2.num_steps and c.eval_every_steps < c.phase2.num_steps / 4
     with pytest.raises(config_cli.ConfigError, match="name a task preset"):
         config_cli.load("configs/experiments/pilot.py", [])
 
@@ -201,7 +205,7 @@ def test_pilot_curves_extend_the_paper_grids_runs(task, grid_file, heads):
 @pytest.mark.parametrize("preset", ["", "small"])
 def test_phase1_length_grid_varies_phase1_alone(preset):
     g = config_cli.load("configs/experiments/phase1_length.py" + (f":{preset}" if preset else ""), [])
-    configs = [grid.run_config(g, run) for run in grid.runs_of(g) if run.seed == 0]
+    configs = [grid.run_config(g, run) for run in cells.runs_of(g) if run.seed == 0]
     baseline, *lengths = configs
     assert (baseline.strategy, baseline.head.name) == ("finetune_only", "bimpm")
     assert {(c.strategy, c.head.name, c.phase1.max_train_dev_gap) for c in lengths} == {
@@ -215,7 +219,7 @@ def test_phase1_length_grid_varies_phase1_alone(preset):
 
 def test_report_summarises_phase_boundaries(tmp_path):
     g = _grid(axes="strategy=finetune_only|stack_and_finetune", num_seeds=2)
-    for run in grid.runs_of(g):
+    for run in cells.runs_of(g):
         boundary = None
         if run.cell[0][1] == "stack_and_finetune":
             norm = 3.0 + run.seed
@@ -225,7 +229,7 @@ def test_report_summarises_phase_boundaries(tmp_path):
                 "train_dev_gap_accuracy": 0.02 * (run.seed + 1),
             }
         _fake_run(tmp_path, run, 0.7, [True, False], boundary)
-    experiment_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    grid_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
     (row,) = json.loads((tmp_path / "report.json").read_text())["boundaries"]
     assert (row["name"], row["phase"], row["steps"]["mean"]) == ("strategy=stack_and_finetune", "phase1", 2)
     assert row["head_param_norm"]["mean"] == pytest.approx(3.5) and row["head_param_norm"]["n"] == 2
@@ -240,10 +244,10 @@ def test_report_summarises_phase_boundaries(tmp_path):
 
 def test_one_seed_gets_no_seed_level_tests(tmp_path):
     g = _grid(axes="strategy=finetune_only|stack_and_finetune", num_seeds=1)
-    for run in grid.runs_of(g):
+    for run in cells.runs_of(g):
         better = run.cell[0][1] == "stack_and_finetune"
         _fake_run(tmp_path, run, 0.75 if better else 0.5, [True, True, better, False])
-    experiment_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    grid_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
     (row,) = json.loads((tmp_path / "report.json").read_text())["comparisons"]
     assert row["t_test_p"] is row["wilcoxon_p"] is row["aso_epsilon"] is None
     assert row["bootstrap"]["difference"] == pytest.approx(0.25)  # examples still pair up
@@ -257,7 +261,7 @@ def test_shard_syntax():
 
 
 def _fake_run(
-    workdir, run: grid.Run, accuracy: float, correct: list[bool], boundary: dict | None = None
+    workdir, run: cells.Run, accuracy: float, correct: list[bool], boundary: dict | None = None
 ) -> None:
     """A finished run's files as train.run writes them: results.json, dev predictions, metrics.jsonl."""
     results = {
@@ -274,7 +278,7 @@ def _fake_run(
     _write_run(workdir, run, results, records)
 
 
-def _write_run(workdir, run: grid.Run, results: dict, records: list[dict]) -> None:
+def _write_run(workdir, run: cells.Run, results: dict, records: list[dict]) -> None:
     run_dir = workdir / "runs" / run.name
     run_dir.mkdir(parents=True)
     (run_dir / "results.json").write_text(json.dumps(results))
@@ -288,12 +292,12 @@ def test_report_statistics_on_hand_made_runs(tmp_path):
     g = _grid(axes="strategy=finetune_only|stack_and_finetune", num_seeds=3)
     base = {0: 0.70, 1: 0.72, 2: 0.71}
     ours = {0: 0.74, 1: 0.73, 2: 0.75}
-    for run in grid.runs_of(g):
+    for run in cells.runs_of(g):
         table = ours if run.cell[0][1] == "stack_and_finetune" else base
         # 4 dev examples; the baseline gets examples 0-1 right, the other cell 0-2 (+25 points).
         correct = [True, True, run.cell[0][1] == "stack_and_finetune", False]
         _fake_run(tmp_path, run, table[run.seed], correct)
-    path = experiment_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    path = grid_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
     report = json.loads((tmp_path / "report.json").read_text())
 
     cell = next(c for c in report["cells"] if c["cell"]["strategy"] == "stack_and_finetune")["dev"]
@@ -323,12 +327,14 @@ def test_report_statistics_on_hand_made_runs(tmp_path):
 DEV_LABELS = [1, 0, 1, 0]
 
 
-def _fake_classifier(workdir, run: grid.Run, p1: list[float]) -> None:
+def _fake_classifier(workdir, run: cells.Run, p1: list[float]) -> None:
     """A finished QQP run whose probability of class 1 on the four dev examples is `p1`; its results.json
     holds the metrics of those predictions (an ensemble recomputes and checks them)."""
     predicted = [int(p > 0.5) for p in p1]
     final = metrics.compute_metrics(("accuracy", "f1"), np.asarray(predicted), np.asarray(DEV_LABELS))
-    results = {"config": {"data": {"task": "qqp"}}, "final": {"dev": final}, "phases": []}
+    # The config train.run records: an ensemble resolves it to know each member's task.
+    config = config_cli.to_plain(grid.run_config(_grid(), run))
+    results = {"config": config, "final": {"dev": final}, "phases": []}
     records = [
         {"key": f"ex{i}", "prediction": y, "label": label, "probabilities": [1 - p, p]}
         for i, (p, y, label) in enumerate(zip(p1, predicted, DEV_LABELS, strict=True))
@@ -350,11 +356,11 @@ STACKED_ESIM_SEED1 = [0.4, 0.2, 0.45, 0.1]
 @pytest.mark.slow
 def test_ensemble_cells_on_hand_made_runs(tmp_path):
     g = _grid(num_seeds=2, ensembles="head.name=cls_mlp+esim")
-    for run in grid.runs_of(g):
+    for run in cells.runs_of(g):
         cell = tuple(dict(run.cell).values())
         seed1 = run.seed == 1 and cell == ("stack_and_finetune", "esim")
         _fake_classifier(tmp_path, run, STACKED_ESIM_SEED1 if seed1 else ENSEMBLE_P1[cell])
-    experiment_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    grid_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
     report = json.loads((tmp_path / "report.json").read_text())
 
     stacked = "strategy=stack_and_finetune-name=cls_mlp+esim"
@@ -385,7 +391,7 @@ def test_ensemble_cells_on_hand_made_runs(tmp_path):
 
     # A rerun (a finished grid, or --report_only) writes the same ensembles again.
     written = {f: f.read_bytes() for f in (tmp_path / "ensembles").rglob("*") if f.is_file()}
-    experiment_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    grid_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
     assert {f: f.read_bytes() for f in (tmp_path / "ensembles").rglob("*") if f.is_file()} == written
     assert len(written) == 8  # results.json and dev predictions of 2 strategies x 2 seeds, nothing staged
 
@@ -433,11 +439,9 @@ def test_holm_correction_across_the_table(tmp_path):
         "stack_only": [0.60, 0.65, 0.61],
         "stack_and_finetune": [0.74, 0.73, 0.76],
     }
-    for run in grid.runs_of(g):
+    for run in cells.runs_of(g):
         _fake_run(tmp_path, run, scores[run.cell[0][1]][run.seed], [True, False])
-    rows = experiment_report.comparisons(
-        experiment_report.load_runs(g, tmp_path), g, aso_iterations=ASO_ITERATIONS
-    )
+    rows = grid_report.comparisons(grid_report.load_runs(g, tmp_path), g, aso_iterations=ASO_ITERATIONS)
     raw = sorted(row["t_test_p"] for row in rows)
     holm = sorted(row["t_test_p_holm"] for row in rows)
     assert holm[0] == pytest.approx(min(1.0, 2 * raw[0]))  # the smallest p times the number of tests
@@ -446,7 +450,7 @@ def test_holm_correction_across_the_table(tmp_path):
 
 def test_an_unfinished_run_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="has not finished"):
-        experiment_report.load_runs(_grid(), tmp_path)
+        grid_report.load_runs(_grid(), tmp_path)
 
 
 def _experiment(workdir, *args: str, wait: bool = True):
@@ -498,7 +502,7 @@ def test_a_killed_grid_resumes_and_shards_give_the_same_report(tmp_path):
     assert _comparable(reports[0]) == _comparable(reports[1])
 
 
-def _scored_run(workdir, run: grid.Run, splits: dict[str, tuple[list, list]], **results) -> None:
+def _scored_run(workdir, run: cells.Run, splits: dict[str, tuple[list, list]], **results) -> None:
     """A finished run scored on each split's (predicted, labels), its results.json's metrics computed from
     them as train.run does: classification (ints) or tagging (tag-name lists)."""
     records, final = {}, {}
@@ -538,13 +542,13 @@ def _learned(seed: int, wrong: int) -> list[int]:
 
 def test_a_degenerate_baseline_is_flagged_and_its_comparisons_are_not_wins(tmp_path):
     g = _grid(axes="strategy=finetune_only|stack_only|stack_and_finetune", num_seeds=3)
-    for run in grid.runs_of(g):
+    for run in cells.runs_of(g):
         strategy = run.cell[0][1]
         predicted = {"finetune_only": [0] * 12, "stack_only": _learned(run.seed, 3)}.get(
             strategy, _learned(run.seed, 1)
         )
         _scored_run(tmp_path, run, {"dev": (predicted, LABELS_12)})
-    experiment_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    grid_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
     report = json.loads((tmp_path / "report.json").read_text())
     collapsed = next(c for c in report["cells"] if c["name"] == "strategy=finetune_only")
     assert collapsed["degenerate"] == {"dev": {"one_class": 3, "f1_zero": 3, "at_or_below_majority": 3}}
@@ -569,7 +573,13 @@ def test_the_bootstrap_recomputes_entity_f1_and_test_is_shown_beside_dev(tmp_pat
         ["B-PER", "O"],
         ["O", "B-LOC", "I-LOC"],
     ] * 3
-    g = _grid(axes="strategy=finetune_only|stack_and_finetune", num_seeds=2, metric="f1")
+    # A tagging grid: the report reads each run's task from its resolved config, not from the records.
+    g = _grid(
+        base="configs/tiny.py:conll",
+        axes="strategy=finetune_only|stack_and_finetune",
+        num_seeds=2,
+        metric="f1",
+    )
 
     def tagged(seed: int, misses: int) -> list[list[str]]:
         predicted = [list(s) for s in gold]
@@ -580,12 +590,12 @@ def test_the_bootstrap_recomputes_entity_f1_and_test_is_shown_beside_dev(tmp_pat
                 sentence[first] = "O"
         return predicted
 
-    for run in grid.runs_of(g):
+    for run in cells.runs_of(g):
         misses = 5 if run.cell[0][1] == "finetune_only" else 2
         _scored_run(
             tmp_path, run, {"dev": (tagged(run.seed, misses), gold), "test": (tagged(1, misses), gold)}
         )
-    experiment_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    grid_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
     report = json.loads((tmp_path / "report.json").read_text())
     (row,) = report["comparisons"]
     # The bootstrap's observed difference is the reported metric's (entity F1), seed by seed averaged.
@@ -606,10 +616,10 @@ def _fmt4(value: float) -> str:
 
 def test_report_states_what_tests_can_show_at_five_seeds(tmp_path):
     g = _grid(axes="strategy=finetune_only|stack_and_finetune", num_seeds=5)
-    for run in grid.runs_of(g):
+    for run in cells.runs_of(g):
         better = run.cell[0][1] == "stack_and_finetune"
         _scored_run(tmp_path, run, {"dev": (_learned(run.seed, 1 if better else 3), LABELS_12)})
-    experiment_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    grid_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
     (row,) = json.loads((tmp_path / "report.json").read_text())["comparisons"]
     assert row["per_seed"] == pytest.approx([2 / 12] * 5)  # better at every seed, by the same amount
     assert row["sign_flip_p"] == pytest.approx(1 / 32) and row["wilcoxon_p"] == pytest.approx(0.0625)
@@ -627,12 +637,12 @@ def test_costs_per_cell_and_the_papers_gains(tmp_path):
         num_seeds=2,
         paper_results="strategy=stack_and_finetune: +4.7",
     )
-    for run in grid.runs_of(g):
+    for run in cells.runs_of(g):
         stacked = run.cell[0][1] == "stack_and_finetune"
         costs = {"train_steps": 6 if stacked else 3, "examples_seen": 96 if stacked else 48,
                  "wall_time_s": 10.0 + run.seed}  # fmt: skip
         _scored_run(tmp_path, run, {"dev": (_learned(run.seed, 1 if stacked else 2), LABELS_12)}, **costs)
-    experiment_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    grid_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
     report = json.loads((tmp_path / "report.json").read_text())
     stacked = next(c for c in report["costs"] if c["name"] == "strategy=stack_and_finetune")
     assert (stacked["n"], stacked["train_steps"]["mean"], stacked["examples_seen"]["total"]) == (2, 6, 192)
@@ -643,7 +653,7 @@ def test_costs_per_cell_and_the_papers_gains(tmp_path):
     assert "| strategy=stack_and_finetune | strategy=finetune_only | +4.70 | +8.33 [" in text
 
     with pytest.raises(config_cli.ConfigError, match="no cell is named 'strategy=nope'"):
-        experiment_report.paper_results(_grid(paper_results="strategy=nope: 1.0"))
+        cells.paper_results(_grid(paper_results="strategy=nope: 1.0"))
 
 
 COMMITTABLE = ("results.json", "config.json", "metrics.jsonl", "timings.json", "predictions/dev.jsonl",
@@ -671,7 +681,8 @@ def test_the_report_needs_only_the_committable_files_of_each_run(tmp_path, caplo
         assert results["examples_seen"] == steps * results["global_batch_size"]
         for split in ("dev", "test"):  # the flags train.run wrote are the ones its prediction files give
             records = list(predictions.read(predictions.path(run_dir, split)).values())
-            assert results["degenerate"][split] == degenerate.flags(records, results["final"][split])
+            flags = degenerate.flags(records, results["final"][split], "classification")
+            assert results["degenerate"][split] == flags
         for name in COMMITTABLE:
             (committed / "runs" / run_dir.name / name).parent.mkdir(parents=True, exist_ok=True)
             (committed / "runs" / run_dir.name / name).write_bytes((run_dir / name).read_bytes())
@@ -680,7 +691,7 @@ def test_the_report_needs_only_the_committable_files_of_each_run(tmp_path, caplo
     if flagged["degenerate"]["dev"]:  # a degenerate run says so in its last line
         assert last.levelname == "WARNING" and flagged["degenerate"]["dev"][0] in last.getMessage()
 
-    experiment_report.write_report(g, full, aso_iterations=ASO_ITERATIONS)  # one seed: no ASO either way
+    grid_report.write_report(g, full, aso_iterations=ASO_ITERATIONS)  # one seed: no ASO either way
     proc = subprocess.run(
         [sys.executable, "-m", "stackft_jax.experiment", f"--config={grid_file}", f"--workdir={committed}",
          "--report_only"],

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from stackft_jax import hf_export, train, trained
-from stackft_jax.data import tasks
+from stackft_jax import hf_export, spec, trained
+from stackft_jax.models import build
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -76,6 +76,7 @@ def test_head_config_and_model_card(exported, uninterrupted):
     )
     card = (exported / "README.md").read_text()
     assert "AutoModel.from_pretrained" in card and f"{results['final']['dev']['accuracy']:.4f}" in card
+    assert f'from_pretrained("{exported.name}")' in card and ".tmp-" not in card  # the final name
 
 
 def test_predict_on_the_export_equals_predict_on_the_workdir(exported, uninterrupted, tmp_path):
@@ -94,6 +95,13 @@ def test_export_never_overwrites_unless_asked(exported, uninterrupted):
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
         f"error: --out={exported} exists and is not empty: pass --overwrite to replace it"
     ]
+    a_file = exported.parent / "notes.txt"
+    a_file.write_text("mine")
+    refused = _cli("export", f"--workdir={uninterrupted}", f"--out={a_file}", "--overwrite")
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        f"error: --out={a_file} is a file: an export is a folder"
+    ]
+    assert a_file.read_text() == "mine"
     phase1 = _cli(
         "export", f"--workdir={uninterrupted}", f"--out={exported}", "--phase=phase1", "--overwrite"
     )
@@ -135,9 +143,9 @@ def _random_source(tmp_path: Path, preset: str, **keys) -> tuple[trained.Source,
         for parent in parents:
             node = node[parent]
         node[leaf] = value
-    task = tasks.get_task(config.data.task).configure(config.data)
-    source = trained.Source(tmp_path, config, task, False, "last", None, {})
-    model, bert_config = train.build_model(config, task, source.model_dir)
+    run_spec = spec.resolve(config)
+    source = trained.Source(tmp_path, run_spec, False, "last", None, {})
+    model, bert_config = build.build_model(run_spec, run_spec.task, source.model_dir)
     graphdef, state = nnx.split(model)
     params = nnx.to_pure_dict(state)
     # Non-zero biases, so a bias mapped to the wrong place shows.

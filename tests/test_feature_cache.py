@@ -16,7 +16,7 @@ from flax import nnx
 from configs import tiny
 from stackft_jax import feature_cache, run_params, sharding, steps, train
 from stackft_jax.data import batching, task_spec, tasks, tokenization
-from stackft_jax.models import bert
+from stackft_jax.models import bert, build
 from stackft_jax.report import RunReport
 
 # Finer than the tiny config's single bucket (32): the cache is then built at other padded lengths than
@@ -34,7 +34,7 @@ def _dev_split_and_model(scalar_mix: bool, arg: str | None = None):
     model_dir = bert.resolve_model_dir(config.model.name_or_path)
     examples = task_spec.read_examples(task, "dev", config.data.dev_file)
     ds = task_spec.encode_examples(task, tokenization.load_tokenizer(model_dir), examples, max_seq_length=32)
-    model, _ = train.build_model(config, task, model_dir)
+    model, _ = build.build_model(config, task, model_dir)
     return ds, model
 
 
@@ -130,7 +130,7 @@ def _train(workdir: Path, monkeypatch, arg: str) -> dict:
     config.log_every_steps = 1
     losses = []
     with monkeypatch.context() as patch:
-        patch.setattr(train.batching, "length_buckets", lambda max_seq_length: BUCKETS)
+        patch.setattr(batching, "length_buckets", lambda max_seq_length: BUCKETS)
         patch.setattr(RunReport, "train", lambda self, *, global_step, metrics: losses.append(metrics))
         results = train.run(config, workdir)
     params = run_params.phase_params(workdir, "phase1")

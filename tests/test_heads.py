@@ -159,7 +159,7 @@ def perturbed(params, scale: float = 0.1):
     return jax.tree.unflatten(treedef, [leaf + n for leaf, n in zip(leaves, noise, strict=True)])
 
 
-# The steps in train.py merge a graphdef with parameters alone; these helpers do the same, jitted
+# The steps loop.py jits merge a graphdef with parameters alone; these helpers do the same, jitted
 # with the graphdef static so that each head/shape compiles once for the whole file.
 @functools.partial(jax.jit, static_argnums=0)
 def forward(graphdef, params, features: Features) -> jax.Array:
@@ -202,7 +202,7 @@ def train_step(graphdef, params, opt_state, features, labels, key):
 
 @functools.cache
 def overfit(name: str):
-    """Trains a fresh head on 8 random labels as train.py would (dropout on, adam); returns, per
+    """Trains a fresh head on 8 random labels as loop.py would (dropout on, adam); returns, per
     parameter, whether any step's gradient was non-zero (a zero-initialised output layer passes no
     gradient down at the first step, only from the second), the labels and the final predictions.
     Cached: two tests read it."""

@@ -382,6 +382,7 @@ def test_run_starts_in_background_refuses_a_second_run_and_resumes_after_stop(tp
     started = time.time()
     tpu.run("run.sh", "--config.strategy=finetune_only", WORKDIR="runs/demo")
     assert time.time() - started < 20, "run.sh must not wait for the training"
+    _wait_for(lambda: _main_calls(tpu), "the run's python to start")  # started in the background
     assert _main_calls(tpu) == [
         f"{tpu.home() / 'stackft_jax'} -m stackft_jax.main --config=configs/quora.py "
         f"--config.strategy=finetune_only --workdir={workdir}"
@@ -412,7 +413,8 @@ def test_multi_host_runs_need_a_shared_workdir_and_get_distributed(tpu, tmp_path
 
     shared = tmp_path / "shared" / "demo"
     tpu.run("run.sh", WORKDIR=str(shared), FAKE_NUM_WORKERS="2", SHARED_WORKDIR="1", FAKE_RUN_S="0")
-    for worker in (0, 1):
+    for worker in (0, 1):  # run.sh starts each worker's python in the background
+        _wait_for(lambda w=worker: _main_calls(tpu, w), f"worker {worker} to start")
         assert _main_calls(tpu, worker)[0].endswith(f"--distributed --workdir={shared}")
         _wait_for(
             lambda w=worker: "final:" in (shared / "logs" / f"t1v-w-{w}.log").read_text(),

@@ -13,10 +13,10 @@ import pytest
 from flax import nnx
 
 from configs import tiny
-from stackft_jax import calibration, checkpointing, config_cli, optim, phases, run_params, train
+from stackft_jax import calibration, checkpointing, config_cli, optim, phases, run_params, spec, train
 from stackft_jax.config_cli import ConfigError
 from stackft_jax.data import tasks
-from stackft_jax.models import bert
+from stackft_jax.models import bert, build
 from stackft_jax.phases import Phase, StopRule
 from tests import encoders
 
@@ -144,22 +144,22 @@ ALL = {"name": "all", "rules": [(".*", "all")], "learning_rates": {"all": 1e-4},
 def test_invalid_written_phases_fail_before_any_work_naming_the_phase_and_key(second, message):
     config = _written(HEAD, second)
     with pytest.raises(ConfigError, match=message):
-        train.check_config(config)
+        spec.resolve(config)
         phases.phases_for(config, 10, 2)
 
 
 def test_written_phases_need_their_own_name_and_known_keys():
     with pytest.raises(ConfigError, match="names a preset: give the schedule its own name"):
-        train.check_config(_written(HEAD, ALL, strategy="stack_and_finetune"))
+        spec.resolve(_written(HEAD, ALL, strategy="stack_and_finetune"))
     with pytest.raises(ConfigError, match=r"unknown keys \['num_step'\]"):
         phases.block("x", rules=[], learning_rates={}, num_step=3)
     with pytest.raises(ConfigError, match="config.strategy='tune_everything'"):
-        train.check_config(tiny.get_config("strategy=tune_everything"))
+        spec.resolve(tiny.get_config("strategy=tune_everything"))
 
 
 def _param_names(config) -> tuple[str, ...]:
     task = tasks.get_task(config.data.task).configure(config.data)
-    model, _ = train.build_model(config, task, bert.resolve_model_dir(config.model.name_or_path))
+    model, _ = build.build_model(config, task, bert.resolve_model_dir(config.model.name_or_path))
     params = nnx.to_pure_dict(nnx.state(model))
     return tuple(optim.path_str(path) for path, _ in jax.tree_util.tree_leaves_with_path(params))
 
@@ -266,7 +266,7 @@ def test_gradual_unfreezing_leaves_still_frozen_layers_bit_identical_at_every_bo
     names = ["head", "unfreeze_layer1", "unfreeze_layer0", "unfreeze_embeddings"]
     assert [p["phase"] for p in results["phases"]] == names
     task = tasks.get_task(config.data.task).configure(config.data)
-    model, _ = train.build_model(config, task, bert.resolve_model_dir(config.model.name_or_path))
+    model, _ = build.build_model(config, task, bert.resolve_model_dir(config.model.name_or_path))
     initial = nnx.to_pure_dict(nnx.state(model))["backbone"]
     # Layer groups from the top, in the order they unfreeze.
     units = [("pooler", "layers/1"), ("layers/0",), ("embeddings",)]
@@ -302,7 +302,7 @@ def test_gradual_unfreezing_leaves_still_frozen_layers_bit_identical_at_every_bo
 
 def test_lp_ft_needs_a_linear_head_and_probes_then_fine_tunes(tmp_path):
     with pytest.raises(ConfigError, match="lp_ft trains a linear probe first.*'cls_mlp' is not linear"):
-        train.check_config(tiny.get_config("strategy=lp_ft"))
+        spec.resolve(tiny.get_config("strategy=lp_ft"))
     config = tiny.get_config("strategy=lp_ft,head=linear,head.linear.pooling=mean")
     results = train.run(config, tmp_path)
     probe, finetune = results["phases"]
@@ -349,7 +349,7 @@ def test_temperature_scaling_of_the_final_model(tmp_path):
         calibration.expected_calibration_error(probabilities, labels), abs=1e-6
     )
     with pytest.raises(ConfigError, match="calibration.temperature=True scales class probabilities"):
-        train.check_config(tiny.get_config("calibration.temperature=true,data.task=stsb"))
+        spec.resolve(tiny.get_config("calibration.temperature=true,data.task=stsb"))
 
 
 @pytest.mark.parametrize(

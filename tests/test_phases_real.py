@@ -11,7 +11,7 @@ from configs import quora
 from stackft_jax import objectives, optim, phases, sharding, steps
 from stackft_jax.data import batching, task_spec, tasks, tokenization
 from stackft_jax.models.bert import resolve_model_dir
-from stackft_jax.train import build_model
+from stackft_jax.models.build import build_model
 
 pytestmark = pytest.mark.slow
 

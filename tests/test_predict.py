@@ -74,6 +74,12 @@ def test_line_inputs_give_label_names_and_refuse_to_overwrite(uninterrupted, tmp
     assert again.returncode == 2 and again.stderr.strip().splitlines() == [
         f"error: --output={out} exists and is not empty: pass --overwrite to replace it"
     ]
+    folder = tmp_path / "predictions"
+    folder.mkdir()
+    into_folder = _predict_cli(f"--workdir={uninterrupted}", f"--input={lines}", f"--output={folder}")
+    assert into_folder.returncode == 2 and into_folder.stderr.strip().splitlines() == [
+        f"error: --output={folder} is a folder: name a file"
+    ]
 
 
 def test_stdin_is_answered_line_by_line(uninterrupted):

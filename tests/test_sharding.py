@@ -12,7 +12,7 @@ from stackft_jax import objectives, optim, phases, sharding, steps
 from stackft_jax.data import batching
 from stackft_jax.data.tasks import get_task
 from stackft_jax.models.bert import resolve_model_dir
-from stackft_jax.train import build_model
+from stackft_jax.models.build import build_model
 
 
 def _step_on(devices, params, graphdef, batch, phase):

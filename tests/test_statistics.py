@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from stackft_jax import metrics, statistics
+from stackft_jax import metrics
+from stackft_jax.experiments import statistics
 
 TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG"]
 
@@ -36,7 +37,7 @@ def test_entity_f1_from_counts_equals_seqeval_strict():
     expected = metrics.entity_scores(gold, predicted)
     records = _records(gold, predicted)
     for metric in ("f1", "precision", "recall", "accuracy", "f1_PER", "f1_LOC", "f1_ORG"):
-        counts = statistics.example_counts(records, metric)
+        counts = statistics.example_counts(records, metric, tagging=True)
         assert statistics.metric_of(counts) == pytest.approx(expected[metric]), metric
 
 
@@ -50,7 +51,7 @@ def test_classification_metrics_from_counts(metric):
     num_classes = 3 if metric == "macro_f1" else 2
     records = [{"key": str(i), "label": int(y), "prediction": int(p), "probabilities": [0.0] * num_classes}
                for i, (y, p) in enumerate(zip(labels, predicted, strict=True))]  # fmt: skip
-    counts = statistics.example_counts(records, metric)
+    counts = statistics.example_counts(records, metric, tagging=False)
     assert statistics.metric_of(counts) == pytest.approx(metrics.METRICS[metric](predicted, labels))
 
 
@@ -62,10 +63,10 @@ def test_pearson_from_sums_and_spearman_has_no_counts():
         {"key": str(i), "label": float(a), "prediction": float(b)}
         for i, (a, b) in enumerate(zip(y, x, strict=True))
     ]
-    assert statistics.metric_of(statistics.example_counts(records, "pearson")) == pytest.approx(
-        metrics.pearson(x, y)
-    )
-    assert statistics.example_counts(records, "spearman") is None
+    assert statistics.metric_of(
+        statistics.example_counts(records, "pearson", tagging=False)
+    ) == pytest.approx(metrics.pearson(x, y))
+    assert statistics.example_counts(records, "spearman", tagging=False) is None
 
 
 def _accuracy_counts(correct: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ import pytest
 from configs import quora, tiny
 from stackft_jax import checkpointing, predictions, preemption, report, run_params, sharding, train
 from stackft_jax.data import glue, tasks
-from stackft_jax.models import bert
+from stackft_jax.models import bert, build
 
 
 def _final_params(workdir: Path):
@@ -224,11 +224,11 @@ def test_architecture_overrides_need_random_init():
     task = tasks.get_task(config.data.task)
     config.model.config_overrides.num_hidden_layers = 1
     with pytest.raises(ValueError, match="change the architecture"):
-        train.build_model(config, task, model_dir)
+        build.build_model(config, task, model_dir)
     config.model.init = "random"
-    assert train.build_model(config, task, model_dir)[1].num_hidden_layers == 1
+    assert build.build_model(config, task, model_dir)[1].num_hidden_layers == 1
     # Dropout is not architecture: pretrained weights load with the rate overridden.
     config = quora.get_config("demo")
     config.model.dropout_rate = 0.2
-    _, bert_config = train.build_model(config, task, model_dir)
+    _, bert_config = build.build_model(config, task, model_dir)
     assert bert_config.hidden_dropout_prob == bert_config.attention_probs_dropout_prob == 0.2

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from configs import common
-from stackft_jax import config_cli, train
+from stackft_jax import config_cli, spec
 from stackft_jax.data import task_spec, tasks, tokenization, yahoo
 from stackft_jax.data.samples import sample_path
 from stackft_jax.models import bert
@@ -100,13 +100,13 @@ def test_bad_files_are_errors_naming_file_and_line(tmp_path, text, message):
         ({"truncation": "tail"}, "config.data.truncation='tail': choose one of"),
     ],
 )
-def test_bad_data_keys_fail_in_check_config(changes, message):
+def test_bad_data_keys_fail_in_resolve(changes, message):
     config = common.get_config()
     config.data.task = "yahoo_answers"
     for key, value in changes.items():
         config.data[key] = value
     with pytest.raises(ValueError, match=re.escape(message)):
-        train.check_config(config)
+        spec.resolve(config)
 
 
 def test_classes_take_release_names_and_set_outputs_and_label_names():

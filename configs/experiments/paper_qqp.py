@@ -15,6 +15,9 @@ Two finetune-only baselines: `finetune_only` trains the new head at its own rate
 (phase2.new_head_learning_rate, 1e-3) and `finetune_only_uniform` at BERT's (5e-5), the paper's recipe,
 which at this budget leaves the recurrent pair heads at the majority class (docs/finetune_collapse.md):
 the report flags that cell, and comparisons with it are marked invalid.
+At this budget the new-head baseline is not stable for the pair heads either (runs at or below the
+majority class: BiMPM 2/5, BiMPM without context 1/5, Sim-Transformer 3/5; docs/qqp_grid_reading.md):
+only cls_mlp's comparisons are results. Sizing the fine-tuning budget from pilot.py:qqp is the next step.
 
 The small preset's budget is a CPU budget, not where the curves flatten: 80 runs in about 2.5 hours of a
 quiet 2-core machine (the 60-run grid of 2026-11-22 took 112 minutes with one shard per core; a

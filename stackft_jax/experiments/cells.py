@@ -1,22 +1,17 @@
-"""A grid of runs (axes x seeds) over one base config: its cells, their configs, running them.
-
-The grid config's keys and the command are described in experiment.py.
+"""A grid config's cells: its axes, the runs (cell x seed) they make, the baseline, the ensembles and
+the paper's gains, read from the grid's own keys (`axes`, `num_seeds`, `baseline`, `ensembles`,
+`paper_results`; the command and the keys: experiment.py). Pure parsing: nothing here reads a run's
+config or starts jax (grid.py runs the cells, report.py reads them back).
 """
 
 import dataclasses
 import itertools
-import json
-import logging
 import re
-import shutil
-from collections.abc import Mapping
-from pathlib import Path
 
 import ml_collections
 
 from stackft_jax import config_cli
 
-log = logging.getLogger(__name__)
 _AXIS = re.compile(r"^\s*(?P<key>[\w.]+)\s*=\s*(?P<values>[^;]+?)\s*$")
 # A value that sets several keys: `label:key=value,key=value` (the label names it in cells and reports).
 _BUNDLE = re.compile(r"^(?P<label>[\w.+-]+):(?P<items>[\w.]+=.*)$")
@@ -155,47 +150,6 @@ def ensembles_of(grid: ml_collections.ConfigDict) -> list[Ensemble]:
     return ensembles
 
 
-def check_ensembles(
-    grid: ml_collections.ConfigDict,
-    ensembles: list[Ensemble],
-    configs: Mapping[Run, ml_collections.ConfigDict],
-) -> None:
-    """Ensembles average class probabilities and score the task's metrics (ensemble.py): every member
-    must run a classification task, one of whose metrics is the grid's `metric`."""
-    from stackft_jax import objectives
-    from stackft_jax.data import tasks
-
-    for member in dict.fromkeys(m for e in ensembles for m in e.members):
-        task = tasks.get_task(configs[member].data.task)
-        where = f"config key 'ensembles' = {grid.ensembles!r}: grid run {member.name}"
-        if task.objective is not objectives.CLASSIFICATION:
-            raise config_cli.ConfigError(
-                f"{where} is a {task.objective.name} run (data.task={task.name}); ensembles average class "
-                "probabilities, which only classification runs have"
-            )
-        if grid.metric not in task.metrics:
-            raise config_cli.ConfigError(
-                f"{where}: an ensemble scores {task.name}'s metrics {list(task.metrics)}, not the grid's "
-                f"metric {grid.metric!r}"
-            )
-
-
-def run_config(grid: ml_collections.ConfigDict, run: Run) -> ml_collections.ConfigDict:
-    """The base config with the run's axis values and seed (a bad key fails here, before any training)."""
-    return config_cli.load(grid.base, run.overrides())
-
-
-def share_feature_cache(config: ml_collections.ConfigDict, workdir: str | Path) -> None:
-    """Points each phase without its own `feature_cache_dir` (`phase1.*`, or a written phase's) at the
-    grid's: cells and seeds with the same backbone and data then build the frozen features once between
-    them (the train features of a feature-cached phase; the dev and gap-subset features that every
-    frozen-backbone phase evaluates on, train.feature_caches). A phase that trains the backbone reads
-    no cache."""
-    for block in [config.phase1, *config.phases]:
-        if not block.feature_cache_dir:
-            block.feature_cache_dir = str(Path(workdir) / "feature_cache")
-
-
 # Keys the grid sets itself in every run: an axis over one would be overridden without a word.
 GRID_SET_KEYS = ("seed",)
 
@@ -214,111 +168,18 @@ def check_grid(grid: ml_collections.ConfigDict) -> None:
             )
 
 
-def check_metric(grid: ml_collections.ConfigDict, configs: Mapping[Run, ml_collections.ConfigDict]) -> None:
-    """The grid's `metric` must be one every cell's task scores (results.json's `final.dev`)."""
-    from stackft_jax.data import tasks
-
-    for run, config in configs.items():
-        task = tasks.get_task(config.data.task).configure(config.data)
-        scored = [*task.metrics, "loss"]  # every run also reports its dev loss
-        if grid.metric not in scored:
-            raise config_cli.ConfigError(
-                f"config key 'metric' = {grid.metric!r}: grid run {run.name} (data.task={task.name}) "
-                f"scores {scored}; choose one of those"
-            )
-
-
-@dataclasses.dataclass(frozen=True)
-class GridPlan:
-    """A grid whose every cell, metric, baseline and ensemble is checked, bound to its workdir."""
-
-    grid: ml_collections.ConfigDict
-    workdir: Path
-    runs: list[Run]
-    configs: dict[Run, ml_collections.ConfigDict]
-    allow_config_change: bool = False
-
-
-def plan_grid(
-    grid: ml_collections.ConfigDict, workdir: str | Path, *, allow_config_change: bool = False
-) -> GridPlan:
-    """Checks everything that can be checked before a run trains (a typo in cell 11 fails before cell 1
-    trains), then binds the workdir to the grid config (workdirs.GRID): a grid workdir rerun with
-    another grid config is refused, naming the differing keys, unless `allow_config_change`."""
-    workdir = Path(workdir)
-    if "axes" not in grid or "base" not in grid:
-        raise config_cli.ConfigError(
-            "a run config, not a grid config (no `axes`/`base`): run it with python -m stackft_jax.main"
-        )
-    check_grid(grid)
-    runs = runs_of(grid)
-    baseline_of(grid)
-    ensembles = ensembles_of(grid)
-    configs = {run: run_config(grid, run) for run in runs}  # every cell's keys checked up front
-    for config in configs.values():
-        share_feature_cache(config, workdir)
-    from stackft_jax import train, workdirs  # jax starts only once the grid is known to be valid
-
-    for run, config in configs.items():  # values and files too: cell 11's typo fails before cell 1 trains
+def paper_results(grid: ml_collections.ConfigDict) -> dict[str, float]:
+    """The grid's optional `paper_results`, "<cell name>: <gain in points>; ...": the gain over the
+    baseline the paper reports for that cell (its source belongs in the grid config's comment)."""
+    gains = {}
+    cells = {Run(cell, 0).cell_name for cell in dict.fromkeys(r.cell for r in runs_of(grid))}
+    for part in filter(str.strip, grid.get("paper_results", "").split(";")):
+        name, _, value = part.rpartition(":")
+        where = f"config key 'paper_results': {part.strip()!r}"
         try:
-            train.check_config(config)
-        except (ValueError, FileNotFoundError) as error:
-            raise config_cli.ConfigError(f"grid run {run.name}: {error}") from None
-    check_metric(grid, configs)
-    check_ensembles(grid, ensembles, configs)
-    changed = workdirs.bind_config(
-        workdir,
-        {"grid": config_cli.to_plain(grid)},
-        allow_change=allow_config_change,
-        binding=workdirs.GRID,
-    )
-    if changed and (workdir / "ensembles").exists():  # built from the old grid's runs; the report rebuilds
-        shutil.rmtree(workdir / "ensembles")
-    return GridPlan(grid, workdir, runs, configs, allow_config_change)
-
-
-def _finished(run_dir: Path, config: ml_collections.ConfigDict) -> bool:
-    """The run has results, of this config (a grid continued with --allow_config_change reruns a run
-    whose cell's config changed: it resumes under the new values, as its workdir records)."""
-    from stackft_jax import workdirs
-
-    if not (run_dir / "results.json").exists():
-        return False
-    recorded = run_dir / workdirs.CONFIG_FILE
-    if not recorded.exists():
-        return True
-    old = {"config": json.loads(recorded.read_text())["config"]}
-    return not workdirs.config_differences(
-        old, json.loads(json.dumps({"config": config_cli.to_plain(config)}))
-    )
-
-
-def run_grid(
-    grid: ml_collections.ConfigDict,
-    workdir: str | Path,
-    *,
-    shard: tuple[int, int] = (0, 1),
-    allow_config_change: bool = False,
-) -> bool:
-    """Runs this shard's unfinished cell-seeds; True when every run of the grid (all shards) is finished."""
-    plan = plan_grid(grid, workdir, allow_config_change=allow_config_change)
-    from stackft_jax import compilation_cache, train
-
-    index, count = shard
-    runs, configs = plan.runs, plan.configs
-    # The cells share their shapes: a cell's later seeds (and a resumed grid) compile nothing.
-    compilation_cache.enable(configs[runs[0]].compilation_cache_dir)
-    for position, run in enumerate(runs):
-        run_dir = plan.workdir / "runs" / run.name
-        if position % count != index or _finished(run_dir, configs[run]):
-            continue
-        log.info("grid run %d/%d: %s", position + 1, len(runs), run.name)
-        train.run(configs[run], run_dir, allow_config_change=allow_config_change)
-    return all(_finished(plan.workdir / "runs" / run.name, configs[run]) for run in runs)
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    match = re.fullmatch(r"(\d+)/(\d+)", text)
-    if match is None or not 0 <= int(match[1]) < int(match[2]):
-        raise config_cli.ConfigError(f"--shard={text}: expected i/N with 0 <= i < N, e.g. --shard=0/2")
-    return int(match[1]), int(match[2])
+            gains[name.strip()] = float(value)
+        except ValueError:
+            raise config_cli.ConfigError(f"{where} is not `<cell name>: <gain in points>`") from None
+        if name.strip() not in cells and "+" not in name:  # ensembles' cells are named by the report
+            raise config_cli.ConfigError(f"{where}: no cell is named {name.strip()!r}")
+    return gains

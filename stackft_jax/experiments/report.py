@@ -1,4 +1,4 @@
-"""The report of a finished grid (grid.py, experiment.py): what the paper's single numbers lacked.
+"""The report of a finished grid (grid.py, the command experiment.py): what the paper's single numbers lacked.
 
   per cell        mean, std, min, max and a 95% t-interval over seeds of the grid's `metric` on dev and,
                   beside it, on test when the runs scored a test file (of the same parameters,
@@ -15,18 +15,19 @@
                   written to WORKDIR/ensembles/<cell>-seed<k>/, are cells of their own in the table, the
                   comparisons and metric_by_cell.png (an axis value `a+b`); they have no dev curve
   majority class  accuracy of always predicting the most frequent dev label (tag, for tagging), from
-                  the parsed labels of the prediction files
+                  the parsed labels of the prediction files; each run's task (classification,
+                  regression, tagging) is its resolved spec's (grid.run_spec), never guessed from them
   costs           per cell: train steps, training examples seen and wall seconds (results.json)
   paper layout    the paper's reported gain per cell (the grid's optional `paper_results`, "<cell name>:
                   <gain in points>; ...") beside the measured gain and its bootstrap interval
   boundaries      per cell and frozen-backbone phase, what its end recorded: head parameter norm, dev
                   ECE, train/dev gap (mean and std over seeds)
   figures         figures/metric_by_cell.png (means with intervals), figures/dev_curves.png (dev metric
-                  against global step, phase boundaries dashed)
+                  against global step, phase boundaries dashed): figures.py
 
 Everything is read from files small enough to commit per run: results.json, predictions/{dev,test}.jsonl,
-metrics.jsonl (and timings.json); no checkpoint. Written to WORKDIR/report.md (experiment_markdown.py)
-and WORKDIR/report.json.
+metrics.jsonl (and timings.json); no checkpoint. Written to WORKDIR/report.md (markdown.py) and
+WORKDIR/report.json.
 """
 
 import collections
@@ -44,9 +45,12 @@ import ml_collections
 import numpy as np
 import scipy.stats
 
-from stackft_jax import config_cli, degenerate, ensemble, experiment_markdown, predictions
-from stackft_jax import statistics as array_statistics
-from stackft_jax.grid import Run, baseline_of, check_ensembles, ensembles_of, run_config, runs_of
+from stackft_jax import config_cli, degenerate, objectives, predictions
+from stackft_jax.data.task_spec import TaskSpec
+from stackft_jax.experiments import ensemble, figures, markdown
+from stackft_jax.experiments import statistics as array_statistics
+from stackft_jax.experiments.cells import Run, baseline_of, ensembles_of, paper_results, runs_of
+from stackft_jax.experiments.grid import check_ensembles, run_spec
 from stackft_jax.report import json_safe
 
 ASO_ITERATIONS = 1000  # deepsig's default; each costs a few ms
@@ -58,6 +62,7 @@ class RunResult:
     results: dict[str, Any]
     folder: Path  # results.json and predictions/: the run's workdir, or the ensemble's folder
     metrics_file: Path | None  # None for an ensemble: no dev curve
+    task: TaskSpec  # the run's task, configured (its spec; an ensemble's members')
 
     @property
     def dev_predictions(self) -> Path:
@@ -78,11 +83,16 @@ class RunResult:
         """The split's degenerate flags, recomputed from its prediction file (ensembles and runs from
         before results.json held them are judged the same way); [] when it was not scored."""
         records = self._records.get(split)
-        return [] if records is None else degenerate.flags(records, self.results["final"][split])
+        return (
+            []
+            if records is None
+            else degenerate.flags(records, self.results["final"][split], self.task.objective.name)
+        )
 
 
 def load_runs(grid: ml_collections.ConfigDict, workdir: str | Path) -> list[RunResult]:
-    """Every run of the grid, read back; a missing or unfinished run is an error naming it."""
+    """Every run of the grid, read back with its resolved spec's task; a missing or unfinished run is an
+    error naming it."""
     loaded = []
     for run in runs_of(grid):
         run_dir = Path(workdir) / "runs" / run.name
@@ -90,7 +100,8 @@ def load_runs(grid: ml_collections.ConfigDict, workdir: str | Path) -> list[RunR
         if not results_file.exists():
             raise FileNotFoundError(f"{results_file}: run {run.name} has not finished; rerun the grid")
         results = json.loads(results_file.read_text())
-        loaded.append(RunResult(run, results, run_dir, run_dir / "metrics.jsonl"))
+        task = run_spec(grid, run, recorded=True).task  # the report needs no data file
+        loaded.append(RunResult(run, results, run_dir, run_dir / "metrics.jsonl", task))
     return loaded
 
 
@@ -110,7 +121,8 @@ def build_ensembles(grid: ml_collections.ConfigDict, workdir: str | Path) -> lis
     WORKDIR/ensembles/<cell>-seed<k>/; read back as runs of their own cells."""
     workdir = Path(workdir)
     ensembles = ensembles_of(grid)
-    check_ensembles(grid, ensembles, {m: run_config(grid, m) for e in ensembles for m in e.members})
+    specs = {m: run_spec(grid, m, recorded=True) for e in ensembles for m in e.members}
+    check_ensembles(grid, ensembles, specs)
     built = []
     for e in ensembles:
         try:
@@ -120,7 +132,7 @@ def build_ensembles(grid: ml_collections.ConfigDict, workdir: str | Path) -> lis
         out = workdir / "ensembles" / e.run.name
         _write_ensemble(out, ensembled)
         results = {"final": ensembled["ensemble"], "members": [m.name for m in e.members]}
-        built.append(RunResult(e.run, results, out, None))
+        built.append(RunResult(e.run, results, out, None, specs[e.members[0]].task))
     return built
 
 
@@ -206,7 +218,7 @@ BOUNDARY_MEASURES = ("head_param_norm", "dev_ece")
 
 def boundary_statistics(runs: list[RunResult], metric: str) -> list[dict[str, Any]]:
     """Per cell and frozen-backbone phase, mean and std over seeds of what its boundary recorded
-    (train.boundary_measurements): head parameter norm, dev ECE, train/dev gap in `metric`."""
+    (boundaries.measure): head parameter norm, dev ECE, train/dev gap in `metric`."""
     by_phase: dict[tuple, list[dict]] = collections.defaultdict(list)
     names = {}
     for r in runs:
@@ -250,8 +262,9 @@ def _paired_counts(
         pairs = predictions.paired(*files)
         if "label" not in pairs[0][0]:
             return None
-        x = array_statistics.example_counts([r for r, _ in pairs], metric)
-        y = array_statistics.example_counts([r for _, r in pairs], metric)
+        tagging = a.task.objective is objectives.WORD_TAGGING
+        x = array_statistics.example_counts([r for r, _ in pairs], metric, tagging=tagging)
+        y = array_statistics.example_counts([r for _, r in pairs], metric, tagging=tagging)
         if x is None or y is None:
             return None
         cell_counts.append(x.counts)
@@ -349,88 +362,16 @@ def comparisons(
     return rows
 
 
-def majority_baseline(dev_predictions: Path) -> float | None:
-    """Accuracy of the most frequent dev label (for tagging, tag), from the parsed labels."""
-    records = list(predictions.read(dev_predictions).values())
-    labels = [tag for r in records for tag in (r["label"] if isinstance(r["label"], list) else [r["label"]])]
-    if "probabilities" not in records[0] and not isinstance(records[0]["label"], list):
-        return None  # regression
+def majority_baseline(run: RunResult) -> float | None:
+    """Accuracy of the most frequent dev label (for tagging, tag), from the parsed labels of the run's
+    dev predictions; None for regression."""
+    objective = run.task.objective
+    if objective is objectives.REGRESSION:
+        return None
+    records = predictions.read(run.dev_predictions).values()
+    tagging = objective is objectives.WORD_TAGGING
+    labels = [tag for r in records for tag in (r["label"] if tagging else [r["label"]])]
     return collections.Counter(labels).most_common(1)[0][1] / len(labels)
-
-
-def _dev_curve(metrics_file: Path, metric: str) -> list[tuple[int, float]]:
-    points = []
-    with metrics_file.open() as f:
-        for line in f:
-            record = json.loads(line)
-            if record.get("split") == "dev" and record.get(metric) is not None:
-                points.append((record["global_step"], record[metric]))
-    return points
-
-
-def write_figures(runs: list[RunResult], cells: list[dict[str, Any]], metric: str, out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
-    out.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(cells)), 3.5))
-    names = [c["name"] for c in cells]
-    means = [c["dev"]["mean"] if "dev" in c else np.nan for c in cells]
-    # Error bars from the intervals; a one-seed cell has none (its bar is empty).
-    low = [
-        c["dev"]["ci95_low"] if "dev" in c and c["dev"]["ci95_low"] is not None else m
-        for c, m in zip(cells, means, strict=True)
-    ]
-    high = [
-        c["dev"]["ci95_high"] if "dev" in c and c["dev"]["ci95_high"] is not None else m
-        for c, m in zip(cells, means, strict=True)
-    ]
-    errors = [np.subtract(means, low), np.subtract(high, means)]
-    ax.errorbar(range(len(cells)), means, yerr=errors, fmt="o", capsize=4)
-    ax.set_xticks(range(len(cells)), names, rotation=30, ha="right", fontsize=7)
-    ax.set_ylabel(f"dev {metric} (mean, 95% CI over seeds)")
-    fig.tight_layout()
-    by_cell = out / "metric_by_cell.png"
-    fig.savefig(by_cell, dpi=120)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(7.0, 4.0))
-    for r in (r for r in runs if r.run.seed == min(x.run.seed for x in runs)):
-        points = _dev_curve(r.metrics_file, metric)
-        if points:
-            steps, values = np.asarray(points).T
-            line = ax.plot(steps, values, marker=".", label=r.run.cell_name)[0]
-            boundary = 0
-            for phase in r.results["phases"][:-1]:
-                boundary += phase["steps"]
-                ax.axvline(boundary, color=line.get_color(), linestyle="--", linewidth=0.8)
-    ax.set_xlabel("global step (phase boundaries dashed)")
-    ax.set_ylabel(f"dev {metric}")
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    curves = out / "dev_curves.png"
-    fig.savefig(curves, dpi=120)
-    plt.close(fig)
-    return [by_cell, curves]
-
-
-def paper_results(grid: ml_collections.ConfigDict) -> dict[str, float]:
-    """The grid's optional `paper_results`, "<cell name>: <gain in points>; ...": the gain over the
-    baseline the paper reports for that cell (its source belongs in the grid config's comment)."""
-    gains = {}
-    cells = {Run(cell, 0).cell_name for cell in dict.fromkeys(r.cell for r in runs_of(grid))}
-    for part in filter(str.strip, grid.get("paper_results", "").split(";")):
-        name, _, value = part.rpartition(":")
-        where = f"config key 'paper_results': {part.strip()!r}"
-        try:
-            gains[name.strip()] = float(value)
-        except ValueError:
-            raise config_cli.ConfigError(f"{where} is not `<cell name>: <gain in points>`") from None
-        if name.strip() not in cells and "+" not in name:  # ensembles' cells are named by the report
-            raise config_cli.ConfigError(f"{where}: no cell is named {name.strip()!r}")
-    return gains
 
 
 def build_report(
@@ -467,7 +408,7 @@ def build_report(
         "costs": cost_statistics(runs, ensembles),
         "paper_results": paper_results(grid),
         "boundaries": boundary_statistics(runs, grid.metric),
-        "majority_baseline": majority_baseline(runs[0].dev_predictions),
+        "majority_baseline": majority_baseline(runs[0]),
     }
 
 
@@ -477,10 +418,10 @@ def write_report(
     """report.json, report.md and the figures; returns report.md's path."""
     workdir = Path(workdir)
     report = build_report(grid, workdir, aso_iterations=aso_iterations)
-    write_figures(load_runs(grid, workdir), report["cells"], grid.metric, workdir / "figures")
+    figures.write(load_runs(grid, workdir), report["cells"], grid.metric, workdir / "figures")
     # tmp file + rename: two shards finishing at once may both write the (same) report.
     for name, text in (("report.json", json.dumps(json_safe(report), indent=2) + "\n"),
-                       ("report.md", experiment_markdown.render(grid, report))):  # fmt: skip
+                       ("report.md", markdown.render(grid, report))):  # fmt: skip
         tmp = workdir / f"{name}.{os.getpid()}.tmp"
         tmp.write_text(text)
         os.replace(tmp, workdir / name)

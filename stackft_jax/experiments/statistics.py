@@ -1,4 +1,4 @@
-"""Statistics on arrays for the grid report (experiment_report.py): the reported metric from per-example
+"""Statistics on arrays for the grid report (report.py): the reported metric from per-example
 counts, a two-level paired bootstrap, an exact sign-flip test over seeds, and each test's smallest p.
 
 Per-example counts make every resample a sum: a metric is a function of count totals (accuracy: correct
@@ -77,11 +77,12 @@ def entity_counts(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[st
     return counts
 
 
-def example_counts(records: Sequence[Mapping[str, Any]], metric: str) -> Counts | None:
+def example_counts(records: Sequence[Mapping[str, Any]], metric: str, *, tagging: bool) -> Counts | None:
     """The per-example counts of `metric` (a key of results.json's `final.dev`) for one run's prediction
-    records; None for a metric that is no function of sums (spearman, loss)."""
+    records (`tagging`: a word-tagging task's, a tag per word); None for a metric that is no function of
+    sums (spearman, loss)."""
     first = records[0]
-    if isinstance(first["label"], list):  # tagging
+    if tagging:
         if metric == "accuracy":
             counts = [[sum(p == g for p, g in zip(r["prediction"], r["label"], strict=True)), len(r["label"])]
                       for r in records]  # fmt: skip

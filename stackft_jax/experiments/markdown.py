@@ -1,4 +1,4 @@
-"""report.md: the grid report (experiment_report.py) as markdown tables with captions that say what each
+"""report.md: the grid report (report.py) as markdown tables with captions that say what each
 number is: cells, comparisons (valid or not, tests and what they can show), the paper's layout, costs,
 phase boundaries."""
 
@@ -8,8 +8,8 @@ from typing import Any
 import ml_collections
 
 from stackft_jax import degenerate
-from stackft_jax import statistics as array_statistics
-from stackft_jax.grid import Run
+from stackft_jax.experiments import statistics as array_statistics
+from stackft_jax.experiments.cells import Run
 
 TESTS = array_statistics.SEED_TESTS
 
@@ -151,7 +151,7 @@ def _cost_lines(report: dict[str, Any]) -> list[str]:
 
 
 def render(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
-    """report.md of experiment_report.build_report's report."""
+    """report.md of report.build_report's report."""
     metric = grid.metric
     lines = [
         "# Experiment report",

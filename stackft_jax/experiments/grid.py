@@ -1,0 +1,188 @@
+"""Running a grid (cells.py): each cell-seed's config resolved once (spec.resolve), every check made
+before the first run trains, the workdir bound to the grid config, shards, and resume (a run finished
+under its config is not run again). The grid config's keys and the command: experiment.py.
+
+Nothing here imports jax at module level: `python -m stackft_jax.experiment` refuses a bad grid config
+before jax starts.
+"""
+
+import dataclasses
+import json
+import logging
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import ml_collections
+
+from stackft_jax import config_cli
+from stackft_jax.experiments.cells import Ensemble, Run, baseline_of, check_grid, ensembles_of, runs_of
+
+if TYPE_CHECKING:
+    from stackft_jax.spec import RunSpec
+
+log = logging.getLogger(__name__)
+
+
+def run_config(grid: ml_collections.ConfigDict, run: Run) -> ml_collections.ConfigDict:
+    """The base config with the run's axis values and seed (a bad key fails here, before any training)."""
+    return config_cli.load(grid.base, run.overrides())
+
+
+def run_spec(grid: ml_collections.ConfigDict, run: Run, *, recorded: bool = False) -> "RunSpec":
+    """The run's config resolved (spec.resolve), a mistake named with the grid run. `recorded`: without
+    the checks on data and model files (the report reads finished runs, whose files may be gone)."""
+    return _resolved(run, run_config(grid, run), recorded=recorded)
+
+
+def _resolved(run: Run, config: ml_collections.ConfigDict, *, recorded: bool = False) -> "RunSpec":
+    from stackft_jax import spec
+
+    try:
+        return spec.resolve(config, recorded=recorded)
+    except (ValueError, FileNotFoundError) as error:
+        raise config_cli.ConfigError(f"grid run {run.name}: {error}") from None
+
+
+def share_feature_cache(config: ml_collections.ConfigDict, workdir: str | Path) -> None:
+    """Points each phase without its own `feature_cache_dir` (`phase1.*`, or a written phase's) at the
+    grid's: cells and seeds with the same backbone and data then build the frozen features once between
+    them (the train features of a feature-cached phase; the dev and gap-subset features that every
+    frozen-backbone phase evaluates on, loop.feature_caches). A phase that trains the backbone reads
+    no cache."""
+    for block in [config.phase1, *config.phases]:
+        if not block.feature_cache_dir:
+            block.feature_cache_dir = str(Path(workdir) / "feature_cache")
+
+
+def check_ensembles(
+    grid: ml_collections.ConfigDict, ensembles: list[Ensemble], specs: Mapping[Run, "RunSpec"]
+) -> None:
+    """Ensembles average class probabilities and score the task's metrics (ensemble.py): every member
+    must run a classification task, one of whose metrics is the grid's `metric`."""
+    from stackft_jax import objectives
+
+    for member in dict.fromkeys(m for e in ensembles for m in e.members):
+        task = specs[member].task
+        where = f"config key 'ensembles' = {grid.ensembles!r}: grid run {member.name}"
+        if task.objective is not objectives.CLASSIFICATION:
+            raise config_cli.ConfigError(
+                f"{where} is a {task.objective.name} run (data.task={task.name}); ensembles average class "
+                "probabilities, which only classification runs have"
+            )
+        if grid.metric not in task.metrics:
+            raise config_cli.ConfigError(
+                f"{where}: an ensemble scores {task.name}'s metrics {list(task.metrics)}, not the grid's "
+                f"metric {grid.metric!r}"
+            )
+
+
+def check_metric(grid: ml_collections.ConfigDict, specs: Mapping[Run, "RunSpec"]) -> None:
+    """The grid's `metric` must be one every cell's task scores (results.json's `final.dev`)."""
+    for run, resolved in specs.items():
+        scored = [*resolved.task.metrics, "loss"]  # every run also reports its dev loss
+        if grid.metric not in scored:
+            raise config_cli.ConfigError(
+                f"config key 'metric' = {grid.metric!r}: grid run {run.name} "
+                f"(data.task={resolved.task.name}) scores {scored}; choose one of those"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class GridPlan:
+    """A grid whose every cell, metric, baseline and ensemble is checked, bound to its workdir."""
+
+    grid: ml_collections.ConfigDict
+    workdir: Path
+    runs: list[Run]
+    specs: dict[Run, "RunSpec"]  # each run's config, sharing the grid's feature cache, resolved
+    allow_config_change: bool = False
+
+
+def plan_grid(
+    grid: ml_collections.ConfigDict, workdir: str | Path, *, allow_config_change: bool = False
+) -> GridPlan:
+    """Checks everything that can be checked before a run trains (a typo in cell 11 fails before cell 1
+    trains), then binds the workdir to the grid config (workdirs.GRID): a grid workdir rerun with
+    another grid config is refused, naming the differing keys, unless `allow_config_change`."""
+    workdir = Path(workdir)
+    if "axes" not in grid or "base" not in grid:
+        raise config_cli.ConfigError(
+            "a run config, not a grid config (no `axes`/`base`): run it with python -m stackft_jax.main"
+        )
+    check_grid(grid)
+    runs = runs_of(grid)
+    baseline_of(grid)
+    ensembles = ensembles_of(grid)
+    configs = {run: run_config(grid, run) for run in runs}  # every cell's keys checked up front
+    for config in configs.values():
+        share_feature_cache(config, workdir)
+    # Values and files too, each config resolved once: cell 11's mistake fails before cell 1 trains.
+    specs = {run: _resolved(run, config) for run, config in configs.items()}
+    check_metric(grid, specs)
+    check_ensembles(grid, ensembles, specs)
+    from stackft_jax import workdirs
+
+    changed = workdirs.bind_config(
+        workdir,
+        {"grid": config_cli.to_plain(grid)},
+        allow_change=allow_config_change,
+        binding=workdirs.GRID,
+    )
+    if changed and (workdir / "ensembles").exists():  # built from the old grid's runs; the report rebuilds
+        shutil.rmtree(workdir / "ensembles")
+    return GridPlan(grid, workdir, runs, specs, allow_config_change)
+
+
+def finished(run_dir: Path, resolved: "RunSpec") -> bool:
+    """The run has results, of this spec: its workdir's recorded config binds it as `resolved` would
+    (spec.binding_form, as train.run compares them). A grid continued with --allow_config_change reruns
+    a run whose cell's config changed: it resumes under the new values, as its workdir records."""
+    from stackft_jax import spec, workdirs
+
+    if not (run_dir / "results.json").exists():
+        return False
+    recorded = run_dir / workdirs.CONFIG_FILE
+    if not recorded.exists():
+        return True
+    try:
+        old = spec.recorded_binding_form(json.loads(recorded.read_text())["config"], resolved.raw)
+    except ValueError:  # it no longer resolves: train.run refuses the workdir, saying why
+        return False
+    # A JSON round trip on both sides, as workdirs.bind_config compares (tuples read back as lists).
+    return not workdirs.config_differences(
+        *(json.loads(json.dumps(f)) for f in (old, spec.binding_form(resolved)))
+    )
+
+
+def run_grid(
+    grid: ml_collections.ConfigDict,
+    workdir: str | Path,
+    *,
+    shard: tuple[int, int] = (0, 1),
+    allow_config_change: bool = False,
+) -> bool:
+    """Runs this shard's unfinished cell-seeds; True when every run of the grid (all shards) is finished."""
+    plan = plan_grid(grid, workdir, allow_config_change=allow_config_change)
+    from stackft_jax import compilation_cache, train
+
+    index, count = shard
+    runs, specs = plan.runs, plan.specs
+    # The cells share their shapes: a cell's later seeds (and a resumed grid) compile nothing.
+    compilation_cache.enable(specs[runs[0]].compilation_cache_dir)
+    for position, run in enumerate(runs):
+        run_dir = plan.workdir / "runs" / run.name
+        if position % count != index or finished(run_dir, specs[run]):
+            continue
+        log.info("grid run %d/%d: %s", position + 1, len(runs), run.name)
+        train.run(specs[run], run_dir, allow_config_change=allow_config_change)
+    return all(finished(plan.workdir / "runs" / run.name, specs[run]) for run in runs)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"(\d+)/(\d+)", text)
+    if match is None or not 0 <= int(match[1]) < int(match[2]):
+        raise config_cli.ConfigError(f"--shard={text}: expected i/N with 0 <= i < N, e.g. --shard=0/2")
+    return int(match[1]), int(match[2])
