@@ -14,9 +14,10 @@ rewrites identical files.
     python tools/samples/make_conll_sample.py
 """
 
-import argparse
 import random
 from pathlib import Path
+
+import sample_cli  # tools/samples/sample_cli.py, beside this script
 
 SEED = 20240602
 NUM_TRAIN, NUM_DEV = 400, 100  # sentences, about: the last document may run over
@@ -176,20 +177,13 @@ def write_conll(path: Path, documents: list[list[list[str]]]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--out_dir",
-        type=Path,
-        default=Path(__file__).resolve().parents[2] / "stackft_jax" / "data" / "samples",
-    )
-    args = parser.parse_args()
+    out_dir = sample_cli.out_dir(__doc__.splitlines()[0])
     rng = random.Random(SEED)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
     for name, num_sentences in (("conll_train.txt", NUM_TRAIN), ("conll_dev.txt", NUM_DEV)):
         documents = make_documents(rng, num_sentences)
-        write_conll(args.out_dir / name, documents)
+        write_conll(out_dir / name, documents)
         written = sum(len(d) for d in documents)
-        print(f"wrote {len(documents)} documents, {written} sentences to {args.out_dir / name}")
+        print(f"wrote {len(documents)} documents, {written} sentences to {out_dir / name}")
 
 
 if __name__ == "__main__":

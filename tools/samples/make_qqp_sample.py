@@ -9,9 +9,10 @@ duplicates, as in QQP. Deterministic: rerunning rewrites identical files.
     python tools/samples/make_qqp_sample.py
 """
 
-import argparse
 import random
 from pathlib import Path
+
+import sample_cli  # tools/samples/sample_cli.py, beside this script
 
 SEED = 20240601
 NUM_TRAIN, NUM_DEV = 400, 100
@@ -202,13 +203,7 @@ def write_tsv(path: Path, pairs: list[tuple], qids: dict[str, int]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--out_dir",
-        type=Path,
-        default=Path(__file__).resolve().parents[2] / "stackft_jax" / "data" / "samples",
-    )
-    args = parser.parse_args()
+    out_dir = sample_cli.out_dir(__doc__.splitlines()[0])
     rng = random.Random(SEED)
     total = NUM_TRAIN + NUM_DEV
     num_positive = round(POSITIVE_FRACTION * total)
@@ -222,10 +217,9 @@ def main() -> None:
     rng.shuffle(dev)
     rng.shuffle(train)
     qids: dict[str, int] = {}
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    write_tsv(args.out_dir / "qqp_train.tsv", train, qids)
-    write_tsv(args.out_dir / "qqp_dev.tsv", dev, qids)
-    print(f"wrote {len(train)} train and {len(dev)} dev pairs to {args.out_dir}")
+    write_tsv(out_dir / "qqp_train.tsv", train, qids)
+    write_tsv(out_dir / "qqp_dev.tsv", dev, qids)
+    print(f"wrote {len(train)} train and {len(dev)} dev pairs to {out_dir}")
 
 
 if __name__ == "__main__":

@@ -14,10 +14,11 @@ and quotes, so the csv module's quoting is exercised. Deterministic: rerunning r
     python tools/samples/make_yahoo_sample.py
 """
 
-import argparse
 import csv
 import random
 from pathlib import Path
+
+import sample_cli  # tools/samples/sample_cli.py, beside this script
 
 SEED = 20261122
 NUM_TRAIN, NUM_DEV = 400, 100
@@ -151,17 +152,11 @@ def write_csv(path: Path, rows: list[tuple[str, str]]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--out_dir",
-        type=Path,
-        default=Path(__file__).resolve().parents[2] / "stackft_jax" / "data" / "samples",
-    )
-    args = parser.parse_args()
+    out_dir = sample_cli.out_dir(__doc__.splitlines()[0])
     rng = random.Random(SEED)
     seen: set[str] = set()
-    write_csv(args.out_dir / "yahoo_train.csv", make_rows(rng, NUM_TRAIN, seen))
-    write_csv(args.out_dir / "yahoo_dev.csv", make_rows(rng, NUM_DEV, seen))
+    write_csv(out_dir / "yahoo_train.csv", make_rows(rng, NUM_TRAIN, seen))
+    write_csv(out_dir / "yahoo_dev.csv", make_rows(rng, NUM_DEV, seen))
 
 
 if __name__ == "__main__":
