@@ -1,8 +1,11 @@
 """When a run must stop early and save: SIGTERM (TPU preemption, `kill`, a scheduler), Ctrl-C and test kills.
 
-One process: a SIGTERM handler sets a flag that the step loop reads after each step. Ctrl-C (SIGINT)
-sets the same flag while a phase trains (`sigint_saves`), so it saves like SIGTERM; a second Ctrl-C, or
-one outside a phase, interrupts at once (cli_errors.py: exit 130, resume from the last checkpoint).
+One process: a SIGTERM handler sets a flag that the step loop reads after each step, and train.py once
+more after each phase's boundary checkpoint (a signal during the phase's last evaluation or end
+measurements comes after the loop's last look). Ctrl-C (SIGINT) sets the same flag while phases train
+and save their boundaries (`sigint_saves`), so it saves like SIGTERM; a second Ctrl-C, or one before the
+first phase or during final scoring, interrupts at once (cli_errors.py: exit 130, resume from the last
+checkpoint).
 Several processes: they must all save the same step, so the decision comes from JAX's preemption service
 (`multihost_utils.reached_preemption_sync_point`), which turns a SIGTERM on any host into one agreed step
 on every host.
@@ -56,7 +59,7 @@ def stopped_by() -> str:
 
 @contextlib.contextmanager
 def sigint_saves() -> Iterator[None]:
-    """Within the block (a phase's step loop), Ctrl-C sets the stop flag instead of raising
+    """Within the block (train.py's phases), Ctrl-C sets the stop flag instead of raising
     KeyboardInterrupt at once; one process only, and only over Python's own SIGINT handler."""
     installable = jax.process_count() == 1 and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     if installable:
@@ -90,6 +93,12 @@ def should_stop(global_step: int) -> bool:
     if jax.process_count() > 1:
         return multihost_utils.reached_preemption_sync_point(global_step)
     return _SIGTERM["set"]
+
+
+def stop_requested() -> bool:
+    """Whether this one process was asked to stop (the flag); outside the step loop, where several
+    processes could not agree on a step, always False for them."""
+    return jax.process_count() == 1 and _SIGTERM["set"]
 
 
 def acknowledge() -> None:

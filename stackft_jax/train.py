@@ -69,11 +69,15 @@ def run(
             ctx, params, plan = _set_up(run_spec, workdir, mesh, timer, observer or loop.LoopObserver())
 
             records, best, dev_at_end = [], {}, None
-            for index, phase in enumerate(plan):
-                global_offset = sum(r["steps"] for r in records)
-                params, record, dev_at_end = _resume_or_train(ctx, phase, index, params, global_offset, best)
-                records.append(record)
-                best = record["best"]
+            # Ctrl-C while phases train or save their boundaries saves like SIGTERM (preemption.py).
+            with preemption.sigint_saves():
+                for index, phase in enumerate(plan):
+                    global_offset = sum(r["steps"] for r in records)
+                    params, record, dev_at_end = _resume_or_train(
+                        ctx, phase, index, params, global_offset, best
+                    )
+                    records.append(record)
+                    best = record["best"]
 
             scoring_started = time.time()
             final = scoring.score(
@@ -205,8 +209,7 @@ def _resume_or_train(
     else:
         ctx.observer.phase_started(phase.name)
         try:
-            # Ctrl-C in a phase saves like SIGTERM (preemption.py).
-            with ctx.timer.phase("train_steps"), preemption.sigint_saves():  # less evals, saves, compiles
+            with ctx.timer.phase("train_steps"):  # less evals, saves, compiles
                 result = loop.run_phase(
                     ctx, phase, index, params, global_offset, best, trained=trained, frozen=frozen
                 )
@@ -218,4 +221,6 @@ def _resume_or_train(
             )
     # The boundary checkpoint replaces the phase's periodic ones (a lost boundary reruns the phase).
     checkpointing.discard_periodic(ctx.workdir, phase.name)
+    if preemption.stop_requested():  # a signal after the loop's last look at the flag: stop here, saved
+        raise preemption.stopped(f"{phase.name} end")
     return result

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from configs import quora, tiny
-from stackft_jax import checkpointing, predictions, preemption, report, run_params, sharding, train
+from stackft_jax import checkpointing, loop, predictions, preemption, report, run_params, sharding, train
 from stackft_jax.data import glue, tasks
 from stackft_jax.models import bert, build
 
@@ -153,6 +153,35 @@ def test_sigterm_flag_reaches_every_phase():
     finally:
         preemption.acknowledge()
         signal.signal(signal.SIGTERM, previous)
+
+
+class _SigtermWhenPhaseEnds(loop.LoopObserver):
+    """SIGTERM to this process once `phase` has trained its last step: after the step loop's last look
+    at the stop flag, where a Ctrl-C during the phase's final evaluation lands."""
+
+    def __init__(self, phase: str):
+        self.phase = phase
+
+    def phase_ended(self, name: str) -> None:
+        if name == self.phase:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_signal_after_the_last_step_stops_at_the_phase_boundary(uninterrupted, tmp_path):
+    """The flag set after the loop's last check used to be forgotten: the last phase finished and the
+    run exited 0 after promising to save and stop (Ctrl-C under load in the CLI drill)."""
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with pytest.raises(preemption.Preempted, match="SIGTERM: checkpoint saved at phase2 end"):
+            train.run(tiny.get_config(), tmp_path, observer=_SigtermWhenPhaseEnds("phase2"))
+    finally:
+        preemption.acknowledge()
+        signal.signal(signal.SIGTERM, previous)
+    assert (tmp_path / "checkpoints" / "phase2_end").is_dir()
+    assert not (tmp_path / "results.json").exists()
+    train.run(tiny.get_config(), tmp_path)  # resumes: both phases finished, then scored
+    _assert_same_run(uninterrupted, tmp_path)
 
 
 def test_missing_data_file_names_the_key(tmp_path):
