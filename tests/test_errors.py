@@ -256,9 +256,10 @@ def test_a_grid_workdir_is_bound_to_its_grid_config(tmp_path):
     with pytest.raises(workdirs.ConfigMismatch) as refused:
         grid.run_grid(other, tmp_path)
     assert f"{tmp_path} belongs to a grid with another config" in str(refused.value)
-    assert "grid.base: 'configs/tiny.py' recorded, 'configs/tiny.py:phase1.num_steps=2' now" in str(
-        refused.value
-    )
+    # The base is compared as the run config it resolves to: the key that differs is named.
+    assert "grid.base.phase1.num_steps: 6 recorded, 2 now" in str(refused.value)
+    # Written otherwise, the same values bind alike (a preset moved, a key spelled out).
+    grid.plan_grid(_grid(base="configs/tiny.py:phase1.num_steps=6", axes=g.axes, num_seeds=1), tmp_path)
     grid.plan_grid(other, tmp_path, allow_config_change=True)  # on purpose: recorded, history kept
     history = (tmp_path / "grid_config_history.jsonl").read_text().splitlines()
     assert json.loads(history[0])["record"]["grid"]["base"] == "configs/tiny.py"
@@ -374,3 +375,14 @@ def test_an_output_that_holds_something_is_refused_unless_overwrite(tmp_path):
         ):
             cli_errors.refuse_to_replace("out", taken, overwrite=False)
         cli_errors.refuse_to_replace("out", taken, overwrite=True)
+
+
+def test_a_grid_base_that_no_longer_resolves_is_compared_as_written(tmp_path):
+    g = _grid(axes="strategy=finetune_only", num_seeds=1)
+    grid.plan_grid(g, tmp_path)
+    (tmp_path / "runs" / "strategy=finetune_only-seed0").mkdir(parents=True)
+    recorded = json.loads((tmp_path / "grid_config.json").read_text())
+    recorded["grid"]["base"] = "configs/tiny.py:a_preset_since_removed"
+    (tmp_path / "grid_config.json").write_text(json.dumps(recorded))
+    with pytest.raises(workdirs.ConfigMismatch, match="grid.base: 'configs/tiny.py:a_preset_since_removed'"):
+        grid.plan_grid(g, tmp_path)

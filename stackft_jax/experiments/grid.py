@@ -130,10 +130,27 @@ def plan_grid(
         {"grid": config_cli.to_plain(grid)},
         allow_change=allow_config_change,
         binding=workdirs.GRID,
+        compare=binding_form,
     )
     if changed and (workdir / "ensembles").exists():  # built from the old grid's runs; the report rebuilds
         shutil.rmtree(workdir / "ensembles")
     return GridPlan(grid, workdir, runs, specs, allow_config_change)
+
+
+def binding_form(record: Mapping) -> dict:
+    """What binds a grid workdir (its grid_config.json): the grid's keys, with `base` as the run config it
+    resolves to (spec.binding_form) rather than as written, so that a base spelled otherwise (a preset
+    that moved into another file, a key written twice) binds alike when it gives every run the same
+    config. A base that no longer resolves (a preset or file gone) is compared as written."""
+    from stackft_jax import spec
+
+    grid = dict(record["grid"])
+    try:
+        base = spec.resolve(config_cli.load(grid["base"], []), recorded=True)
+    except (config_cli.ConfigError, ValueError, KeyError, FileNotFoundError, AttributeError):
+        return {"grid": grid}
+    grid["base"] = spec.binding_form(base)["config"]
+    return {"grid": grid}
 
 
 def finished(run_dir: Path, resolved: "RunSpec") -> bool:
