@@ -5,7 +5,7 @@
   python -m benchmarks.finetune_collapse --quick            # configs/tiny.py, 4 steps (the smoke test)
 
 Each case is a real `train.run` of finetune-only at the CPU budget of
-`configs/experiments/paper_qqp.py:small` (60 steps of 16 QQP pairs, embedded MiniLM, seed 0) with one
+`configs/experiments/paper_qqp.py:short` (60 steps of 16 QQP pairs, embedded MiniLM, seed 0) with one
 setting changed, logging every step: loss, gradient and update norms of the backbone and of the head
 (the train step's `grad_norm/<part>`, `update_norm/<part>`, read back from TensorBoard), dev accuracy
 and F1 every `--eval-every` steps, and the class balance of the final dev predictions. Runs are kept in

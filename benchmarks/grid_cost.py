@@ -16,7 +16,7 @@ predictions file, so two invocations (say, before and after a change, on the sam
 compared cell by cell: `--compare OLD.json` prints the speed-up and whether scores and predictions are
 identical. `--set key=value` overrides every run's config (e.g. smaller step budgets).
 
-Cases (cell values of configs/experiments/paper_conll.py:small and paper_qqp.py:small):
+Cases (cell values of configs/experiments/paper_conll.py:small and paper_qqp.py:short):
   conll_bilstm_crf        stack_and_finetune, head bilstm_crf: a frozen phase and a fine-tuning phase
   qqp_stack_only          stack_only, head bimpm (the grid's feature cache: the head alone trains)
   qqp_stack_and_finetune  stack_and_finetune, head bimpm
@@ -43,11 +43,11 @@ CASES = {
         {"strategy": "stack_and_finetune", "head.name": "bilstm_crf"},
     ),
     "qqp_stack_only": (
-        "configs/experiments/paper_qqp.py:small",
+        "configs/experiments/paper_qqp.py:short",
         {"strategy": "stack_only", "head.name": "bimpm"},
     ),
     "qqp_stack_and_finetune": (
-        "configs/experiments/paper_qqp.py:small",
+        "configs/experiments/paper_qqp.py:short",
         {"strategy": "stack_and_finetune", "head.name": "bimpm"},
     ),
 }

@@ -22,8 +22,8 @@ from stackft_jax import config_cli
 
 
 def qqp(c: ml_collections.ConfigDict) -> None:
-    """paper_qqp.py:small's runs with 8x its 60 fine-tuning steps (7,680 pairs), dev every 60 steps."""
-    paper_qqp.small(c)
+    """paper_qqp.py:short's runs with 8x its 60 fine-tuning steps (7,680 pairs), dev every 60 steps."""
+    paper_qqp.short(c)
     c.base += ",phase2.num_steps=480,eval_every_steps=60"
     c.axes = "strategy=finetune_only|stack_and_finetune; head.name=cls_mlp|bimpm"
 
