@@ -608,6 +608,14 @@ def test_the_bootstrap_recomputes_entity_f1_and_test_is_shown_beside_dev(tmp_pat
     text = (tmp_path / "report.md").read_text()
     assert f"| {_fmt4(cell['test']['mean'])} ± 0.0000 |" in text
     assert f"| {100 * row['test_mean_difference']:+.2f} |" in text
+    # Entity F1 per type, mean and std over seeds, in report.json and as a table per split.
+    runs = [r for r in cells.runs_of(g) if r.cell == cells.runs_of(g)[-1].cell]
+    per_seed = [json.loads((tmp_path / "runs" / r.name / "results.json").read_text()) for r in runs]
+    assert set(cell["dev_by_type"]) == {"LOC", "ORG", "PER"}
+    assert cell["dev_by_type"]["PER"]["mean"] == pytest.approx(
+        np.mean([results["final"]["dev"]["f1_PER"] for results in per_seed])
+    )
+    assert "dev f1 per type" in text and "test f1 per type" in text and "| cell | LOC | ORG | PER |" in text
 
 
 def _fmt4(value: float) -> str:
@@ -629,6 +637,7 @@ def test_report_states_what_tests_can_show_at_five_seeds(tmp_path):
     text = (tmp_path / "report.md").read_text()
     assert "0.062 (0.062) †" in text and "0.031 (0.031) |" in text
     assert "Wilcoxon 2/2^n (0.0625 at 5)" in text
+    assert "per type" not in text  # accuracy has no per-type scores
 
 
 def test_costs_per_cell_and_the_papers_gains(tmp_path):

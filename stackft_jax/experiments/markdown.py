@@ -132,6 +132,31 @@ def _paper_lines(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> lis
     return lines
 
 
+def _by_type_lines(metric: str, report: dict[str, Any]) -> list[str]:
+    """The metric per type (entity type for tagging) and split, where the runs score one."""
+    lines = []
+    for split in ("dev", "test"):
+        rows = [c for c in report["cells"] if c.get(f"{split}_by_type")]
+        types = sorted({kind for c in rows for kind in c[f"{split}_by_type"]})
+        if not rows:
+            continue
+        lines += [
+            "",
+            f"{split} {metric} per type (each run's `{metric}_<type>`, mean ± std over seeds):",
+            "",
+            "| cell | " + " | ".join(types) + " |",
+            "| --- |" + " --- |" * len(types),
+        ]
+        for c in rows:
+            shown = [c[f"{split}_by_type"].get(kind) for kind in types]
+            lines.append(
+                f"| {c['name']} | "
+                + " | ".join("-" if v is None else f"{_fmt(v['mean'])} ± {_fmt(v['std'])}" for v in shown)
+                + " |"
+            )
+    return lines
+
+
 def _cost_lines(report: dict[str, Any]) -> list[str]:
     lines = [
         "What each cell cost (per run: mean over seeds; an ensemble costs its members together): "
@@ -161,6 +186,7 @@ def render(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
         f"parameters each run's `final_params` names ({', '.join(sorted(report['final_params']))}).",
         "",
         *_cell_lines(metric, report),
+        *_by_type_lines(metric, report),
     ]
     if report["ensembles"]:
         lines += [

@@ -149,6 +149,23 @@ def _interval(values: list[float]) -> dict[str, float | int | None]:
             "ci95_low": low, "ci95_high": high}  # fmt: skip
 
 
+def _by_type(members: list[RunResult], split: str, metric: str) -> dict[str, dict[str, float]]:
+    """The metric per type, mean and std over the cell's runs, where the runs score one (`f1_PER`, ...:
+    entity F1 per entity type for tagging); {} otherwise."""
+    prefix = f"{metric}_"
+    finals = [m.results["final"].get(split, {}) for m in members]
+    types = sorted({key[len(prefix) :] for final in finals for key in final if key.startswith(prefix)})
+    by_type = {}
+    for kind in types:
+        values = [float(f[prefix + kind]) for f in finals if prefix + kind in f]
+        if len(values) == len(finals):
+            by_type[kind] = {
+                "mean": statistics.mean(values),
+                "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            }
+    return by_type
+
+
 def cell_statistics(runs: list[RunResult], metric: str) -> list[dict[str, Any]]:
     by_cell: dict[tuple, list[RunResult]] = collections.defaultdict(list)
     for r in runs:
@@ -161,6 +178,9 @@ def cell_statistics(runs: list[RunResult], metric: str) -> list[dict[str, Any]]:
             values = [v for v in scores if v is not None and math.isfinite(v)]
             if values:
                 entry[split] = _interval(values)
+            by_type = _by_type(members, split, metric)
+            if by_type:
+                entry[f"{split}_by_type"] = by_type
             flagged = _flag_counts(members, split)
             if flagged:
                 entry.setdefault("degenerate", {})[split] = flagged
