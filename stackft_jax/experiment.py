@@ -2,6 +2,7 @@
 
     python -m stackft_jax.experiment --config=configs/experiments/paper_qqp.py:small --workdir=runs/grid
     python -m stackft_jax.experiment --config=... --workdir=runs/grid --shard=1/2   # every 2nd cell-seed
+    python -m stackft_jax.experiment --config=... --workdir=runs/grid --shard=0/2 --status  # what is left
 
 A grid config (configs/experiments/*.py) holds:
 
@@ -53,13 +54,19 @@ import sys
 from absl import app, flags
 
 from stackft_jax import cli_errors, config_cli
-from stackft_jax.experiments.grid import parse_shard, plan_grid, run_grid
+from stackft_jax.experiments.grid import parse_shard, plan_grid, run_grid, run_states, status_lines
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("config", None, "grid config file, FILE.py[:presets,key=value,...]")
 flags.DEFINE_string("workdir", None, "the grid's directory: runs/ and the report")
 flags.DEFINE_string("shard", "0/1", "run only the cell-seeds at positions i mod N")
 flags.DEFINE_bool("report_only", False, "write the report of the finished runs, train nothing")
+flags.DEFINE_bool(
+    "status",
+    False,
+    "list which runs are finished, started or not started (and the shard of --shard's N that runs "
+    "each); train and write nothing",
+)
 flags.DEFINE_bool(
     "allow_config_change",
     False,
@@ -89,6 +96,9 @@ def main(argv: list[str]) -> None:
     logs.setup()
     grid = config_cli.load(FLAGS.config, _OVERRIDES, kind="grid")
     shard = parse_shard(FLAGS.shard)
+    if FLAGS.status:
+        print("\n".join(status_lines(run_states(grid, FLAGS.workdir), shard[1])))
+        return
     # Every cell, metric and value checked, and the workdir bound to this grid, before any run trains.
     allow = FLAGS.allow_config_change
     if FLAGS.report_only:

@@ -713,3 +713,24 @@ def test_the_report_needs_only_the_committable_files_of_each_run(tmp_path, caplo
     assert "test" in reports[1]["cells"][0] and "test_mean_difference" in reports[1]["comparisons"][0]
     assert len(reports[1]["costs"]) == 3  # two cells and their ensemble
     assert not list(committed.rglob("checkpoints")) and (committed / "report.md").is_file()
+
+
+def test_status_lists_what_is_left_and_writes_nothing(tmp_path):
+    g = _grid(axes="strategy=finetune_only|stack_and_finetune", num_seeds=2)
+    runs = cells.runs_of(g)
+    _scored_run(tmp_path, runs[0], {"dev": (_learned(0, 1), LABELS_12)})  # finished
+    (tmp_path / "runs" / runs[1].name).mkdir()  # started: a folder, no results
+    states = grid.run_states(g, tmp_path)
+    assert [(position, run, state) for position, run, state in states] == [
+        (0, runs[0], "finished"),
+        (1, runs[1], "started"),
+        (2, runs[2], "not started"),
+        (3, runs[3], "not started"),
+    ]
+    assert grid.status_lines(states, 2) == [
+        "1/4 runs finished, 1 started, 2 not started",
+        f"  started      shard 1/2  {runs[1].name}",
+        f"  not started  shard 0/2  {runs[2].name}",
+        f"  not started  shard 1/2  {runs[3].name}",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]  # no binding, no report

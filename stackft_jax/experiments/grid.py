@@ -198,6 +198,40 @@ def run_grid(
     return all(finished(plan.workdir / "runs" / run.name, specs[run]) for run in runs)
 
 
+FINISHED, STARTED, NOT_STARTED = "finished", "started", "not started"
+
+
+def run_states(grid: ml_collections.ConfigDict, workdir: str | Path) -> list[tuple[int, Run, str]]:
+    """Each cell-seed's position in the grid's order (what `--shard=i/N` splits), and its state in
+    `workdir`: finished (results of this config), started (a folder without them: on the machine that
+    ran it, it resumes from its checkpoints) or not started. Reads only; trains and writes nothing."""
+    check_grid(grid)
+    workdir = Path(workdir)
+    states = []
+    for position, run in enumerate(runs_of(grid)):
+        config = run_config(grid, run)
+        share_feature_cache(config, workdir)
+        run_dir = workdir / "runs" / run.name
+        if finished(run_dir, _resolved(run, config, recorded=True)):
+            state = FINISHED
+        else:
+            state = STARTED if run_dir.exists() else NOT_STARTED
+        states.append((position, run, state))
+    return states
+
+
+def status_lines(states: list[tuple[int, Run, str]], shards: int) -> list[str]:
+    """`states` (run_states) for a person: the counts, then every unfinished run with the shard of
+    `shards` that runs it."""
+    counts = {state: sum(1 for *_, s in states if s == state) for state in (FINISHED, STARTED, NOT_STARTED)}
+    lines = [f"{counts[FINISHED]}/{len(states)} runs finished, {counts[STARTED]} started, "
+             f"{counts[NOT_STARTED]} not started"]  # fmt: skip
+    for position, run, state in states:
+        if state != FINISHED:
+            lines.append(f"  {state:<11}  shard {position % shards}/{shards}  {run.name}")
+    return lines
+
+
 def parse_shard(text: str) -> tuple[int, int]:
     match = re.fullmatch(r"(\d+)/(\d+)", text)
     if match is None or not 0 <= int(match[1]) < int(match[2]):
