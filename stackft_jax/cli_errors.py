@@ -137,6 +137,14 @@ def guarded(main: Callable[..., T]) -> Callable[..., T]:
                 print(stop.code, file=sys.stderr)
                 sys.exit(stop.exit_code)
             raise
+        except BrokenPipeError:
+            # The reader of our output went away (`... --status | head`): nothing to report. Point
+            # stdout at /dev/null so that the interpreter's last flush does not fail again.
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError):  # stdout is no file (a notebook, a test's capture)
+                pass
+            sys.exit(EXIT_DATA)
         except BaseException as error:  # noqa: BLE001 - the boundary: classified below
             _flush_logs()  # what was logged before the message comes before it
             code = exit_code_of(error)

@@ -63,6 +63,11 @@ def test_boundary_maps_mistakes_to_documented_statuses(capsys):
     ]
 
 
+def test_a_closed_output_pipe_is_no_bug(capsys):
+    """`python -m stackft_jax.experiment --status | head -1`: the reader left; no traceback, no message."""
+    assert _exit_of(BrokenPipeError(errno.EPIPE, "Broken pipe"), capsys) == (1, "")
+
+
 def test_a_full_disk_under_orbax_is_one_line(capsys):
     # What tensorstore raises when a checkpoint write meets a full disk (as measured on a 3 MB tmpfs).
     full = ValueError(
