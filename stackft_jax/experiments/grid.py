@@ -46,6 +46,17 @@ def _resolved(run: Run, config: ml_collections.ConfigDict, *, recorded: bool = F
         raise config_cli.ConfigError(f"grid run {run.name}: {error}") from None
 
 
+def _run_specs(
+    grid: ml_collections.ConfigDict, runs: list[Run], workdir: Path, *, recorded: bool = False
+) -> dict[Run, "RunSpec"]:
+    """Each run's config, sharing the grid's feature cache, resolved once (`recorded`: see run_spec)."""
+    configs = {run: run_config(grid, run) for run in runs}  # every cell's keys checked up front
+    for config in configs.values():
+        share_feature_cache(config, workdir)
+    # Values and files too: cell 11's mistake fails before cell 1 trains.
+    return {run: _resolved(run, config, recorded=recorded) for run, config in configs.items()}
+
+
 def share_feature_cache(config: ml_collections.ConfigDict, workdir: str | Path) -> None:
     """Points each phase without its own `feature_cache_dir` (`phase1.*`, or a written phase's) at the
     grid's: cells and seeds with the same backbone and data then build the frozen features once between
@@ -116,11 +127,7 @@ def plan_grid(
     runs = runs_of(grid)
     baseline_of(grid)
     ensembles = ensembles_of(grid)
-    configs = {run: run_config(grid, run) for run in runs}  # every cell's keys checked up front
-    for config in configs.values():
-        share_feature_cache(config, workdir)
-    # Values and files too, each config resolved once: cell 11's mistake fails before cell 1 trains.
-    specs = {run: _resolved(run, config) for run, config in configs.items()}
+    specs = _run_specs(grid, runs, workdir)
     check_metric(grid, specs)
     check_ensembles(grid, ensembles, specs)
     from stackft_jax import workdirs
@@ -207,12 +214,12 @@ def run_states(grid: ml_collections.ConfigDict, workdir: str | Path) -> list[tup
     ran it, it resumes from its checkpoints) or not started. Reads only; trains and writes nothing."""
     check_grid(grid)
     workdir = Path(workdir)
+    runs = runs_of(grid)
+    specs = _run_specs(grid, runs, workdir, recorded=True)
     states = []
-    for position, run in enumerate(runs_of(grid)):
-        config = run_config(grid, run)
-        share_feature_cache(config, workdir)
+    for position, run in enumerate(runs):
         run_dir = workdir / "runs" / run.name
-        if finished(run_dir, _resolved(run, config, recorded=True)):
+        if finished(run_dir, specs[run]):
             state = FINISHED
         else:
             state = STARTED if run_dir.exists() else NOT_STARTED

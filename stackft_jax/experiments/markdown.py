@@ -137,9 +137,9 @@ def _by_type_lines(metric: str, report: dict[str, Any]) -> list[str]:
     lines = []
     for split in ("dev", "test"):
         rows = [c for c in report["cells"] if c.get(f"{split}_by_type")]
-        types = sorted({kind for c in rows for kind in c[f"{split}_by_type"]})
         if not rows:
             continue
+        types = sorted({kind for c in rows for kind in c[f"{split}_by_type"]})
         lines += [
             "",
             f"{split} {metric} per type (each run's `{metric}_<type>`, mean ± std over seeds):",

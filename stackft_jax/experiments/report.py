@@ -159,10 +159,8 @@ def _by_type(members: list[RunResult], split: str, metric: str) -> dict[str, dic
     for kind in types:
         values = [float(f[prefix + kind]) for f in finals if prefix + kind in f]
         if len(values) == len(finals):
-            by_type[kind] = {
-                "mean": statistics.mean(values),
-                "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            }
+            interval = _interval(values)
+            by_type[kind] = {"mean": interval["mean"], "std": interval["std"]}
     return by_type
 
 
