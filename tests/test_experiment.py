@@ -559,6 +559,8 @@ def test_a_degenerate_baseline_is_flagged_and_its_comparisons_are_not_wins(tmp_p
         assert row["degenerate"] == {"cell": {}, "baseline": collapsed["degenerate"]["dev"]}
     text = (tmp_path / "report.md").read_text()
     assert "| strategy=finetune_only | 0.5833 ± 0.0000 |" in text
+    assert report["majority_in_metric"] == report["majority_baseline"] == 7 / 12
+    assert "In the reported" not in text  # the metric is accuracy: the baseline line says it already
     assert "**dev**: one_class 3/3, f1_zero 3/3, at_or_below_majority 3/3 |" in text
     # The gain is struck through and named invalid, in the comparisons and the paper layout alike.
     assert "| strategy=stack_and_finetune | strategy=finetune_only | no: baseline one_class 3/3" in text
@@ -616,6 +618,11 @@ def test_the_bootstrap_recomputes_entity_f1_and_test_is_shown_beside_dev(tmp_pat
         np.mean([results["final"]["dev"]["f1_PER"] for results in per_seed])
     )
     assert "dev f1 per type" in text and "test f1 per type" in text and "| cell | LOC | ORG | PER |" in text
+    # The floor in both units: all-O token accuracy (what the flags compare) and all-O entity F1, 0.
+    o_share = sum(t == "O" for s in gold for t in s) / sum(len(s) for s in gold)
+    assert report["majority_baseline"] == pytest.approx(o_share) and report["majority_in_metric"] == 0.0
+    assert f"token accuracy): {o_share:.4f}." in text
+    assert "In the reported `f1`, always predicting that label (tag) scores 0.0000." in text
 
 
 def _fmt4(value: float) -> str:

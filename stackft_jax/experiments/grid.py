@@ -198,7 +198,7 @@ def run_grid(
     compilation_cache.enable(specs[runs[0]].compilation_cache_dir)
     for position, run in enumerate(runs):
         run_dir = plan.workdir / "runs" / run.name
-        if position % count != index or finished(run_dir, specs[run]):
+        if shard_of(position, count) != index or finished(run_dir, specs[run]):
             continue
         log.info("grid run %d/%d: %s", position + 1, len(runs), run.name)
         train.run(specs[run], run_dir, allow_config_change=allow_config_change)
@@ -235,8 +235,14 @@ def status_lines(states: list[tuple[int, Run, str]], shards: int) -> list[str]:
              f"{counts[NOT_STARTED]} not started"]  # fmt: skip
     for position, run, state in states:
         if state != FINISHED:
-            lines.append(f"  {state:<11}  shard {position % shards}/{shards}  {run.name}")
+            lines.append(f"  {state:<11}  shard {shard_of(position, shards)}/{shards}  {run.name}")
     return lines
+
+
+def shard_of(position: int, shards: int) -> int:
+    """The shard (of `shards`) that runs the cell-seed at `position` in the grid's order: every N-th, so
+    each shard gets a share of every cell's seeds and a grid cut short stays comparable."""
+    return position % shards
 
 
 def parse_shard(text: str) -> tuple[int, int]:

@@ -203,6 +203,11 @@ def render(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
             "undefined, or "
             "accuracy at or below this baseline.",
         ]
+        if metric != "accuracy" and report["majority_in_metric"] is not None:
+            lines[-1] += (
+                f" In the reported `{metric}`, always predicting that label (tag) scores "
+                f"{report['majority_in_metric']:.4f}."
+            )
     lines += ["", *_comparison_lines(grid, report)]
     if report["comparisons"]:
         lines += ["", *_paper_lines(grid, report)]

@@ -383,13 +383,34 @@ def comparisons(
 def majority_baseline(run: RunResult) -> float | None:
     """Accuracy of the most frequent dev label (for tagging, tag), from the parsed labels of the run's
     dev predictions; None for regression."""
-    objective = run.task.objective
-    if objective is objectives.REGRESSION:
+    records = _majority_records(run)
+    return None if records is None else _metric_of_records(records, "accuracy", run)
+
+
+def majority_in_metric(run: RunResult, metric: str) -> float | None:
+    """The report's `metric` of always predicting that label (tagging: every word `O`, whose entity F1
+    is 0), so a reader compares a cell with its floor in the unit the table shows; None for regression
+    or a metric that is no function of counts."""
+    records = _majority_records(run)
+    return None if records is None else _metric_of_records(records, metric, run)
+
+
+def _majority_records(run: RunResult) -> list[dict[str, Any]] | None:
+    """The run's dev prediction records with every prediction replaced by the most frequent label."""
+    if run.task.objective is objectives.REGRESSION:
         return None
-    records = predictions.read(run.dev_predictions).values()
-    tagging = objective is objectives.WORD_TAGGING
+    records = list(predictions.read(run.dev_predictions).values())
+    tagging = run.task.objective is objectives.WORD_TAGGING
     labels = [tag for r in records for tag in (r["label"] if tagging else [r["label"]])]
-    return collections.Counter(labels).most_common(1)[0][1] / len(labels)
+    majority = collections.Counter(labels).most_common(1)[0][0]
+    return [{**r, "prediction": [majority] * len(r["label"]) if tagging else majority} for r in records]
+
+
+def _metric_of_records(records: list[dict[str, Any]], metric: str, run: RunResult) -> float | None:
+    counts = array_statistics.example_counts(
+        records, metric, tagging=run.task.objective is objectives.WORD_TAGGING
+    )
+    return None if counts is None else array_statistics.metric_of(counts)
 
 
 def build_report(
@@ -427,6 +448,7 @@ def build_report(
         "paper_results": paper_results(grid),
         "boundaries": boundary_statistics(runs, grid.metric),
         "majority_baseline": majority_baseline(runs[0]),
+        "majority_in_metric": majority_in_metric(runs[0], grid.metric),
     }
 
 
