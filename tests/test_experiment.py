@@ -561,6 +561,8 @@ def test_a_degenerate_baseline_is_flagged_and_its_comparisons_are_not_wins(tmp_p
     assert "| strategy=finetune_only | 0.5833 ± 0.0000 |" in text
     assert report["majority_in_metric"] == report["majority_baseline"] == 7 / 12
     assert "In the reported" not in text  # the metric is accuracy: the baseline line says it already
+    assert "Majority-class dev accuracy (from the parsed labels): 0.5833." in text
+    assert "entity counts" not in text
     assert "**dev**: one_class 3/3, f1_zero 3/3, at_or_below_majority 3/3 |" in text
     # The gain is struck through and named invalid, in the comparisons and the paper layout alike.
     assert "| strategy=stack_and_finetune | strategy=finetune_only | no: baseline one_class 3/3" in text
@@ -621,7 +623,8 @@ def test_the_bootstrap_recomputes_entity_f1_and_test_is_shown_beside_dev(tmp_pat
     # The floor in both units: all-O token accuracy (what the flags compare) and all-O entity F1, 0.
     o_share = sum(t == "O" for s in gold for t in s) / sum(len(s) for s in gold)
     assert report["majority_baseline"] == pytest.approx(o_share) and report["majority_in_metric"] == 0.0
-    assert f"token accuracy): {o_share:.4f}." in text
+    assert f"the most frequent tag on every word, from the parsed labels): {o_share:.4f}." in text
+    assert "(from per-sentence entity counts)" in text
     assert "In the reported `f1`, always predicting that label (tag) scores 0.0000." in text
 
 

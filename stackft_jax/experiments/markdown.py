@@ -7,7 +7,7 @@ from typing import Any
 
 import ml_collections
 
-from stackft_jax import degenerate
+from stackft_jax import degenerate, objectives
 from stackft_jax.experiments import statistics as array_statistics
 from stackft_jax.experiments.cells import Run
 
@@ -64,6 +64,8 @@ def _comparison_lines(grid: ml_collections.ConfigDict, report: dict[str, Any]) -
     rows = report["comparisons"]
     family = {test: sum(row[f"{test}_p"] is not None for row in rows) for test in TESTS}
     samples = next((row["bootstrap"]["samples"] for row in rows if row["bootstrap"]), None)
+    tagging = report["objective"] == objectives.WORD_TAGGING.name
+    entity_counts = " (from per-sentence entity counts)" if tagging and grid.metric != "accuracy" else ""
     lines = [
         f"Paired by seed against the baseline (`{grid.baseline}`, same other axis values); differences in "
         f"{grid.metric} points x100, dev unless named test. **valid**: `no` when a run of either cell is "
@@ -81,9 +83,8 @@ def _comparison_lines(grid: ml_collections.ConfigDict, report: dict[str, Any]) -
         "",
         f"Bootstrap: two-level, {samples or '-'} resamples of the seeds and then, within each resampled "
         f"seed, of its examples (the same examples for both runs of the pair), recomputing the reported "
-        f"{grid.metric} on each resample (entity F1 from per-sentence entity counts); the 95% interval "
-        "covers seed-to-seed and example variance; p two-sided, not Holm-corrected, `< 1/B` when no "
-        "resample reached 0.",
+        f"{grid.metric} on each resample{entity_counts}; the 95% interval covers seed-to-seed and example "
+        "variance; p two-sided, not Holm-corrected, `< 1/B` when no resample reached 0.",
         "",
         "| cell | vs | valid | mean diff | per seed | test mean diff | t-test p | Wilcoxon p | sign-flip p "
         "| ASO eps | bootstrap diff [95% CI], p | test bootstrap |",
@@ -175,6 +176,12 @@ def _cost_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+_MAJORITY_LINE = {
+    False: "Majority-class dev accuracy (from the parsed labels)",
+    True: "All-`O` dev token accuracy (the most frequent tag on every word, from the parsed labels)",
+}
+
+
 def render(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
     """report.md of report.build_report's report."""
     metric = grid.metric
@@ -197,7 +204,7 @@ def render(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
     if report["majority_baseline"] is not None:
         lines += [
             "",
-            f"Majority-class dev accuracy (from the parsed labels; for tagging, the all-`O` token accuracy): "
+            f"{_MAJORITY_LINE[report['objective'] == objectives.WORD_TAGGING.name]}: "
             f"{report['majority_baseline']:.4f}. Degenerate runs (stackft_jax/degenerate.py): dev "
             f"predictions {100 * degenerate.ONE_CLASS_SHARE:.0f}% or more one class (`one_class`), F1 0 or "
             "undefined, or "

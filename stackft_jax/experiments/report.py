@@ -447,6 +447,7 @@ def build_report(
         "costs": cost_statistics(runs, ensembles),
         "paper_results": paper_results(grid),
         "boundaries": boundary_statistics(runs, grid.metric),
+        "objective": runs[0].task.objective.name,
         "majority_baseline": majority_baseline(runs[0]),
         "majority_in_metric": majority_in_metric(runs[0], grid.metric),
     }
