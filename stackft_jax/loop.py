@@ -443,7 +443,7 @@ def _phase_end(
             split="boundary",
             metrics={k: v for k, v in measured.items() if isinstance(v, float)},
         )
-    stop_reason = stop_reason or f"step budget of {phase.num_steps} steps"
+    stop_reason = stop_reason or phases.budget_reason(phase.num_steps)
     log.info("%s stopped after %d steps: %s", phase.name, step, stop_reason)
     record = {
         "phase": phase.name,

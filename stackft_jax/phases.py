@@ -505,6 +505,12 @@ def trains_backbone(phase: Phase, param_names: Sequence[str]) -> bool:
     return False
 
 
+def budget_reason(num_steps: int) -> str:
+    """The stop reason (results.json `phases[i].stop_reason`) of a phase that ran its whole budget; any
+    other reason is a rule's (StopRule)."""
+    return f"step budget of {num_steps} steps"
+
+
 @dataclasses.dataclass
 class StopTracker:
     """Applies a phase's StopRule at each evaluation; its fields are saved with every checkpoint."""

@@ -237,8 +237,8 @@ def test_report_summarises_phase_boundaries(tmp_path):
     assert row["train_dev_gap_accuracy"]["mean"] == pytest.approx(0.03)
     text = (tmp_path / "report.md").read_text()
     assert (
-        "| strategy=stack_and_finetune | phase1 | 2.000 ± 0.000 | 3.500 ± 0.707 | 0.100 ± 0.000 "
-        "| 0.030 ± 0.014 |" in text
+        "| strategy=stack_and_finetune | phase1 | 2.000 ± 0.000 | 0/2 | - | - | 3.500 ± 0.707 "
+        "| 0.100 ± 0.000 | 0.030 ± 0.014 |" in text
     )
 
 
@@ -568,6 +568,33 @@ def test_a_degenerate_baseline_is_flagged_and_its_comparisons_are_not_wins(tmp_p
     assert "| strategy=stack_and_finetune | strategy=finetune_only | no: baseline one_class 3/3" in text
     assert f"~~+{100 * (11 / 12 - 7 / 12):.2f}~~" in text
     assert "| not found |" in text and text.count("| no |") == 2
+
+
+def test_a_phase_one_stopped_with_its_head_at_the_majority_class_is_counted(tmp_path):
+    # QQP's BiMPM: the gap rule (train subset 0.544 vs dev 0.510) stopped phase 1 at step 100 of 120 with
+    # a head below the majority class (0.627): noise on 500 train examples, not overfitting.
+    g = _grid(axes="strategy=finetune_only|stack_and_finetune", num_seeds=3)
+    for run in cells.runs_of(g):
+        results = {}
+        if run.cell[0][1] == "stack_and_finetune":
+            noise_stop = run.seed == 1
+            phase1 = {
+                "phase": "phase1",
+                "steps": 100 if noise_stop else 120,
+                "stop_reason": "train/dev accuracy gap 0.0343 exceeded max_train_dev_gap=0.03"
+                if noise_stop
+                else "step budget of 120 steps",
+                "boundary": {"dev": {"accuracy": 0.5 if noise_stop else 0.75}, "head_param_norm": 1.0},
+            }
+            results["phases"] = [phase1, {"phase": "phase2", "steps": 3}]
+        _scored_run(tmp_path, run, {"dev": (_learned(run.seed, 2), LABELS_12)}, **results)
+    grid_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    (row,) = json.loads((tmp_path / "report.json").read_text())["boundaries"]
+    assert (row["n"], row["stopped_by_rule"], row["head_at_floor"]) == (3, 1, 1)
+    assert row["dev_accuracy"]["mean"] == pytest.approx((0.5 + 0.75 + 0.75) / 3)
+    text = (tmp_path / "report.md").read_text()
+    assert "majority label (0.5833)" in text
+    assert "| strategy=stack_and_finetune | phase1 | 113.333 ± 11.547 | 1/3 | 0.667 ± 0.144 | 1/3 |" in text
 
 
 def test_the_bootstrap_recomputes_entity_f1_and_test_is_shown_beside_dev(tmp_path):

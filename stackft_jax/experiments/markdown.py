@@ -221,20 +221,30 @@ def render(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
     if report["costs"]:
         lines += ["", *_cost_lines(report)]
     if report["boundaries"]:
-        gap = f"train_dev_gap_{metric}"
+        floor, gap = report["majority_in_metric"], f"train_dev_gap_{metric}"
         lines += [
             "",
-            "At the end of each frozen-backbone phase (mean ± std over seeds): the head's parameter norm, "
-            f"dev expected calibration error, and train-subset minus dev {metric}.",
+            "At the end of each frozen-backbone phase (mean ± std over seeds): its steps; how many of the "
+            "cell's runs a stop rule (train/dev gap, patience) ended before the step budget; the head's "
+            f"dev {metric}, and how many runs ended the phase with it at or below always predicting the "
+            f"majority label ({_fmt(floor)}): a head that has not learned the task is not overfitting, so "
+            "a gap rule that stopped it there fired on the noise of its train subset; the head's parameter "
+            f"norm, dev expected calibration error, and train-subset minus dev {metric}.",
             "",
-            f"| cell | phase | steps | head norm | dev ECE | train - dev {metric} |",
-            "| --- | --- | --- | --- | --- | --- |",
+            f"| cell | phase | steps | stopped by a rule | dev {metric} | at or below majority | head norm "
+            f"| dev ECE | train - dev {metric} |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for row in report["boundaries"]:
-            shown = [
-                f"{_fmt(row[m]['mean'], 3)} ± {_fmt(row[m]['std'], 3)}" if m in row else "-"
-                for m in ("steps", "head_param_norm", "dev_ece", gap)
-            ]
-            lines.append(f"| {row['name']} | {row['phase']} | " + " | ".join(shown) + " |")
+            shown = {
+                m: f"{_fmt(row[m]['mean'], 3)} ± {_fmt(row[m]['std'], 3)}" if m in row else "-"
+                for m in ("steps", f"dev_{metric}", "head_param_norm", "dev_ece", gap)
+            }
+            at_floor = "-" if row["head_at_floor"] is None else f"{row['head_at_floor']}/{row['n']}"
+            lines.append(
+                f"| {row['name']} | {row['phase']} | {shown['steps']} | {row['stopped_by_rule']}/{row['n']} "
+                f"| {shown[f'dev_{metric}']} | {at_floor} | {shown['head_param_norm']} | {shown['dev_ece']} "
+                f"| {shown[gap]} |"
+            )
     lines += ["", "Figures: `figures/metric_by_cell.png`, `figures/dev_curves.png` (seed 0)."]
     return "\n".join(lines) + "\n"

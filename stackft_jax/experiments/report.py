@@ -45,7 +45,7 @@ import ml_collections
 import numpy as np
 import scipy.stats
 
-from stackft_jax import config_cli, degenerate, objectives, predictions
+from stackft_jax import config_cli, degenerate, objectives, phases, predictions
 from stackft_jax.data.task_spec import TaskSpec
 from stackft_jax.experiments import ensemble, figures, markdown
 from stackft_jax.experiments import statistics as array_statistics
@@ -234,24 +234,38 @@ def cost_statistics(runs: list[RunResult], ensembles: list[RunResult]) -> list[d
 BOUNDARY_MEASURES = ("head_param_norm", "dev_ece")
 
 
-def boundary_statistics(runs: list[RunResult], metric: str) -> list[dict[str, Any]]:
+def boundary_statistics(runs: list[RunResult], metric: str, floor: float | None) -> list[dict[str, Any]]:
     """Per cell and frozen-backbone phase, mean and std over seeds of what its boundary recorded
-    (boundaries.measure): head parameter norm, dev ECE, train/dev gap in `metric`."""
+    (boundaries.measure): head parameter norm, dev ECE, dev `metric`, train/dev gap in `metric`; and
+    counts of the runs whose phase a rule stopped before its budget (`stopped_by_rule`) and whose head
+    left the phase with dev `metric` at or below `floor`, the majority class's (`head_at_floor`: a stop
+    rule that fires there fired on noise, not on overfitting)."""
     by_phase: dict[tuple, list[dict]] = collections.defaultdict(list)
     names = {}
     for r in runs:
         for phase in r.results["phases"]:
             if "boundary" in phase:
-                by_phase[(r.run.cell, phase["phase"])].append({**phase["boundary"], "steps": phase["steps"]})
+                by_phase[(r.run.cell, phase["phase"])].append(
+                    {
+                        **phase["boundary"],
+                        "steps": phase["steps"],
+                        f"dev_{metric}": phase["boundary"].get("dev", {}).get(metric),
+                        "stopped_by_rule": phase.get("stop_reason", phases.budget_reason(phase["steps"]))
+                        != phases.budget_reason(phase["steps"]),
+                    }
+                )
                 names[r.run.cell] = r.run.cell_name
     rows = []
     for (cell, phase), boundaries in by_phase.items():
-        row: dict[str, Any] = {"cell": dict(cell), "name": names[cell], "phase": phase}
-        for measure in (*BOUNDARY_MEASURES, f"train_dev_gap_{metric}", "steps"):
+        row: dict[str, Any] = {"cell": dict(cell), "name": names[cell], "phase": phase, "n": len(boundaries)}
+        for measure in (*BOUNDARY_MEASURES, f"dev_{metric}", f"train_dev_gap_{metric}", "steps"):
             values = [b[measure] for b in boundaries if b.get(measure) is not None]
             if values:
                 row[measure] = {"n": len(values), "mean": statistics.mean(values),
                                 "std": statistics.stdev(values) if len(values) > 1 else 0.0}  # fmt: skip
+        row["stopped_by_rule"] = sum(b["stopped_by_rule"] for b in boundaries)
+        dev = [b[f"dev_{metric}"] for b in boundaries if b[f"dev_{metric}"] is not None]
+        row["head_at_floor"] = None if floor is None or not dev else sum(d <= floor + 1e-12 for d in dev)
         rows.append(row)
     return rows
 
@@ -446,7 +460,7 @@ def build_report(
         "comparisons": comparisons(runs + ensembles, grid, aso_iterations=aso_iterations),
         "costs": cost_statistics(runs, ensembles),
         "paper_results": paper_results(grid),
-        "boundaries": boundary_statistics(runs, grid.metric),
+        "boundaries": boundary_statistics(runs, grid.metric, majority_in_metric(runs[0], grid.metric)),
         "objective": runs[0].task.objective.name,
         "majority_baseline": majority_baseline(runs[0]),
         "majority_in_metric": majority_in_metric(runs[0], grid.metric),
