@@ -24,6 +24,7 @@ from tqdm import tqdm
 from stackft_jax import (
     boundaries,
     checkpointing,
+    degenerate,
     evaluation,
     feature_cache,
     optim,
@@ -443,6 +444,7 @@ def _phase_end(
             split="boundary",
             metrics={k: v for k, v in measured.items() if isinstance(v, float)},
         )
+    noise = _stopped_on_noise(ctx, phase, stop_reason, evaluated)
     stop_reason = stop_reason or phases.budget_reason(phase.num_steps)
     log.info("%s stopped after %d steps: %s", phase.name, step, stop_reason)
     record = {
@@ -458,7 +460,33 @@ def _phase_end(
     }
     if measured is not None:
         record["boundary"] = measured
+    if noise:
+        record["dev_degenerate_at_stop"] = noise
     return record
+
+
+def _stopped_on_noise(
+    ctx: Context, phase: phases.Phase, stop_reason: str | None, evaluated: _Evaluated | None
+) -> list[str]:
+    """The degenerate flags (degenerate.py) of the dev evaluation at which a stop rule ended the phase,
+    warned about: a head that has not learned the task (e.g. below the majority class) is not
+    overfitting, so a gap rule that fires there measured the noise of its small train subset."""
+    if stop_reason is None or evaluated is None or not ctx.datasets["dev"].labelled:
+        return []
+    dev = evaluated.dev
+    records = ctx.task.prediction_records(ctx.datasets["dev"], dev.rows)
+    flags = degenerate.flags(records, dev.scores, ctx.task.objective.name)
+    if flags:
+        log.warning(
+            "%s: a stop rule (%s) ended the phase while its dev predictions are degenerate (%s): the head "
+            "had not learned the task, and the phase hands on an unlearned head; a larger gap_eval_examples "
+            "(the train examples the gap is measured on) or max_train_dev_gap (%s) lets it learn first",
+            phase.name,
+            stop_reason,
+            ", ".join(flags),
+            phase.source or phase.name,
+        )
+    return flags
 
 
 def run_phase(

@@ -1,6 +1,7 @@
 """End to end on the tiny config: outputs, errors, and resume after kills at any moment."""
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -241,6 +242,25 @@ def test_gap_rule_stops_phase1_early(tmp_path):
     results = train.run(config, tmp_path)
     phase1 = results["phases"][0]
     assert phase1["steps"] == 3 and "gap" in phase1["stop_reason"]
+
+
+def test_a_stop_rule_that_ends_a_phase_on_an_unlearned_head_is_recorded_and_warned(tmp_path, caplog):
+    # A dev split of one class: whatever the head predicts, it is at or below the majority class there,
+    # so the gap rule (which fires at the first evaluation) stops a head that has not learned the task.
+    lines = (tiny.FIXTURES / "qqp" / "dev.tsv").read_text().splitlines()
+    one_class = tmp_path / "dev_one_class.tsv"
+    one_class.write_text("\n".join([lines[0], *(row for row in lines[1:] if row.endswith("\t0"))]) + "\n")
+    config = tiny.get_config()
+    config.data.dev_file = str(one_class)
+    config.phase1.max_train_dev_gap = -1.0
+    config.phase1.num_steps = 9
+    with caplog.at_level(logging.WARNING):
+        results = train.run(config, tmp_path / "run")
+    phase1, phase2 = results["phases"]
+    assert phase1["steps"] == 3 and "at_or_below_majority" in phase1["dev_degenerate_at_stop"]
+    assert "dev_degenerate_at_stop" not in phase2  # it ran its budget: no rule stopped it
+    assert "phase1: a stop rule (train/dev accuracy gap" in caplog.text
+    assert "the head had not learned the task" in caplog.text
 
 
 def test_devices(tmp_path):
