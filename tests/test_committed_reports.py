@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 COMMITTED = {
     "docs/grids/paper_qqp_short": "configs/experiments/paper_qqp.py:short",
     "docs/grids/paper_conll_small": "configs/experiments/paper_conll.py:small",
+    "docs/grids/paper_yahoo_small": "configs/experiments/paper_yahoo.py:small",
     "docs/grids/pilot_qqp": "configs/experiments/pilot.py:qqp",
     "docs/grids/pilot_conll": "configs/experiments/pilot.py:conll",
     "docs/grids/pilot_yahoo": "configs/experiments/pilot.py:yahoo",

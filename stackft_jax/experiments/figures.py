@@ -1,6 +1,7 @@
 """The grid report's figures (report.py): figures/metric_by_cell.png, each cell's mean dev metric with
-its 95% interval over seeds, and figures/dev_curves.png, the dev metric against the global step of each
-cell's first seed, phase boundaries dashed. matplotlib's Agg backend: no display needed.
+its 95% interval over seeds and each seed's score, and figures/dev_curves.png, the dev metric against
+the global step of each cell's first seed, phase boundaries dashed. matplotlib's Agg backend: no
+display needed.
 """
 
 import json
@@ -23,15 +24,17 @@ def _dev_curve(metrics_file: Path, metric: str) -> list[tuple[int, float]]:
     return points
 
 
-def write(runs: list["RunResult"], cells: list[dict[str, Any]], metric: str, out: Path) -> list[Path]:
+def write(runs: list["RunResult"], report: dict[str, Any], metric: str, out: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(cells)), 3.5))
-    names = [c["name"] for c in cells]
+    cells = report["cells"]
+    # One row per cell, in the table's order from the top: long cell names stay readable.
+    fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.4 * len(cells)))
+    rows = np.arange(len(cells))[::-1]
     means = [c["dev"]["mean"] if "dev" in c else np.nan for c in cells]
     # Error bars from the intervals; a one-seed cell has none (its bar is empty).
     low = [
@@ -43,12 +46,24 @@ def write(runs: list["RunResult"], cells: list[dict[str, Any]], metric: str, out
         for c, m in zip(cells, means, strict=True)
     ]
     errors = [np.subtract(means, low), np.subtract(high, means)]
-    ax.errorbar(range(len(cells)), means, yerr=errors, fmt="o", capsize=4)
-    ax.set_xticks(range(len(cells)), names, rotation=30, ha="right", fontsize=7)
-    ax.set_ylabel(f"dev {metric} (mean, 95% CI over seeds)")
+    ax.errorbar(means, rows, xerr=errors, fmt="o", capsize=4, label="mean, 95% CI over seeds")
+    # Each seed's score beside its cell's interval, so a spread or an outlier shows.
+    by_cell: dict[str, list[float]] = {}
+    for r in (*report["runs"], *report["ensembles"]):
+        score = r["final"].get("dev", {}).get(metric)
+        if score is not None:
+            by_cell.setdefault(r["name"].rsplit("-seed", 1)[0], []).append(score)
+    seeds = [(v, y) for c, y in zip(cells, rows, strict=True) for v in by_cell.get(c["name"], [])]
+    if seeds:
+        values, ys = np.asarray(seeds).T
+        ax.scatter(values, ys - 0.22, s=10, color="gray", alpha=0.7, label="one seed")
+    ax.set_yticks(rows, [c["name"] for c in cells], fontsize=7)
+    ax.set_xlabel(f"dev {metric}")
+    ax.legend(fontsize=7, loc="best")
+    ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    by_cell = out / "metric_by_cell.png"
-    fig.savefig(by_cell, dpi=120)
+    by_cell_file = out / "metric_by_cell.png"
+    fig.savefig(by_cell_file, dpi=120)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7.0, 4.0))
@@ -68,4 +83,4 @@ def write(runs: list["RunResult"], cells: list[dict[str, Any]], metric: str, out
     curves = out / "dev_curves.png"
     fig.savefig(curves, dpi=120)
     plt.close(fig)
-    return [by_cell, curves]
+    return [by_cell_file, curves]

@@ -225,7 +225,8 @@ def render(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
         lines += [
             "",
             "At the end of each frozen-backbone phase (mean ± std over seeds): its steps; how many of the "
-            "cell's runs a stop rule (train/dev gap, patience) ended before the step budget; the head's "
+            "cell's runs a stop rule (train/dev gap, patience) ended (one that fires at the budget's last "
+            "step counts, though it ended the phase no sooner); the head's "
             f"dev {metric}, and how many runs ended the phase with it at or below always predicting the "
             f"majority label ({_fmt(floor)}): a head that has not learned the task is not overfitting, so "
             "a gap rule that stopped it there fired on the noise of its train subset; the head's parameter "

@@ -237,7 +237,7 @@ BOUNDARY_MEASURES = ("head_param_norm", "dev_ece")
 def boundary_statistics(runs: list[RunResult], metric: str, floor: float | None) -> list[dict[str, Any]]:
     """Per cell and frozen-backbone phase, mean and std over seeds of what its boundary recorded
     (boundaries.measure): head parameter norm, dev ECE, dev `metric`, train/dev gap in `metric`; and
-    counts of the runs whose phase a rule stopped before its budget (`stopped_by_rule`) and whose head
+    counts of the runs whose phase a rule stopped (`stopped_by_rule`, at its last step too) and whose head
     left the phase with dev `metric` at or below `floor`, the majority class's (`head_at_floor`: a stop
     rule that fires there fired on noise, not on overfitting)."""
     by_phase: dict[tuple, list[dict]] = collections.defaultdict(list)
@@ -473,7 +473,7 @@ def write_report(
     """report.json, report.md and the figures; returns report.md's path."""
     workdir = Path(workdir)
     report = build_report(grid, workdir, aso_iterations=aso_iterations)
-    figures.write(load_runs(grid, workdir), report["cells"], grid.metric, workdir / "figures")
+    figures.write(load_runs(grid, workdir), report, grid.metric, workdir / "figures")
     # tmp file + rename: two shards finishing at once may both write the (same) report.
     for name, text in (("report.json", json.dumps(json_safe(report), indent=2) + "\n"),
                        ("report.md", markdown.render(grid, report))):  # fmt: skip
