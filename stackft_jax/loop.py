@@ -480,7 +480,8 @@ def _stopped_on_noise(
         log.warning(
             "%s: a stop rule (%s) ended the phase while its dev predictions are degenerate (%s): the head "
             "had not learned the task, and the phase hands on an unlearned head; a larger gap_eval_examples "
-            "(the train examples the gap is measured on) or max_train_dev_gap (%s) lets it learn first",
+            "(the train examples the gap is measured on), max_train_dev_gap or patience_evals (%s) lets it "
+            "learn first",
             phase.name,
             stop_reason,
             ", ".join(flags),

@@ -432,6 +432,7 @@ def build_report(
 ) -> dict[str, Any]:
     runs = load_runs(grid, workdir)
     ensembles = build_ensembles(grid, workdir)
+    floor = majority_in_metric(runs[0], grid.metric)
     return {
         "grid": grid.to_dict(),
         "runs": [
@@ -460,10 +461,10 @@ def build_report(
         "comparisons": comparisons(runs + ensembles, grid, aso_iterations=aso_iterations),
         "costs": cost_statistics(runs, ensembles),
         "paper_results": paper_results(grid),
-        "boundaries": boundary_statistics(runs, grid.metric, majority_in_metric(runs[0], grid.metric)),
+        "boundaries": boundary_statistics(runs, grid.metric, floor),
         "objective": runs[0].task.objective.name,
         "majority_baseline": majority_baseline(runs[0]),
-        "majority_in_metric": majority_in_metric(runs[0], grid.metric),
+        "majority_in_metric": floor,
     }
 
 
