@@ -20,7 +20,9 @@ from stackft_jax import config_cli
 
 
 def small(c: ml_collections.ConfigDict) -> None:
-    paper_qqp.small(c)  # paper_qqp's CPU-sized runs; the axis below replaces their phase-1 length
+    # paper_qqp's first CPU-sized runs (60 fine-tuning steps, the budget this grid ran with; `small`
+    # has since grown to 300); the axis below replaces their phase-1 length.
+    paper_qqp.short(c)
     c.base += ",head=bimpm,strategy=stack_and_finetune,phase1.max_train_dev_gap=1.0"
     c.axes = "phase1.num_steps=none:strategy=finetune_only|30|60|120|240"
     c.num_seeds = 3
