@@ -46,6 +46,11 @@ def _undefined(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
+def at_or_below(score: float, baseline: float) -> bool:
+    """`score` no better than `baseline` (within rounding): what a run that learned nothing scores."""
+    return score <= baseline + _TOLERANCE
+
+
 def majority_share(labels: Sequence[Any]) -> float:
     """Share of the most frequent value (the accuracy of always predicting it)."""
     return collections.Counter(labels).most_common(1)[0][1] / len(labels)
@@ -72,7 +77,7 @@ def flags(records: Sequence[Mapping[str, Any]], scores: Mapping[str, Any], objec
         if name in scores:
             if _undefined(scores[name]):
                 raised.add(f"{flag}_undefined")
-            elif flag == "f1" and scores[name] <= _TOLERANCE:
+            elif flag == "f1" and at_or_below(scores[name], 0.0):
                 raised.add("f1_zero")
     if objective == "word_tagging":  # tag names per word
         predicted = [tag for r in records for tag in r["prediction"]]
@@ -82,7 +87,7 @@ def flags(records: Sequence[Mapping[str, Any]], scores: Mapping[str, Any], objec
         accuracy = np.mean(
             [p == g for r in records for p, g in zip(r["prediction"], r["label"], strict=True)]
         )
-        if accuracy <= all_o_accuracy(gold) + _TOLERANCE:
+        if at_or_below(accuracy, all_o_accuracy(gold)):
             raised.add("at_or_below_all_o")
     elif objective == "classification":
         predicted = [r["prediction"] for r in records]
@@ -90,7 +95,7 @@ def flags(records: Sequence[Mapping[str, Any]], scores: Mapping[str, Any], objec
         if majority_share(predicted) >= ONE_CLASS_SHARE:
             raised.add("one_class")
         accuracy = np.mean([p == g for p, g in zip(predicted, labels, strict=True)])
-        if accuracy <= majority_share(labels) + _TOLERANCE:
+        if at_or_below(accuracy, majority_share(labels)):
             raised.add("at_or_below_majority")
     else:  # regression
         predicted = np.asarray([r["prediction"] for r in records], float)

@@ -48,12 +48,14 @@ def write(runs: list["RunResult"], report: dict[str, Any], metric: str, out: Pat
     errors = [np.subtract(means, low), np.subtract(high, means)]
     ax.errorbar(means, rows, xerr=errors, fmt="o", capsize=4, label="mean, 95% CI over seeds")
     # Each seed's score beside its cell's interval, so a spread or an outlier shows.
-    by_cell: dict[str, list[float]] = {}
+    by_cell: dict[tuple, list[float]] = {}
     for r in (*report["runs"], *report["ensembles"]):
         score = r["final"].get("dev", {}).get(metric)
         if score is not None:
-            by_cell.setdefault(r["name"].rsplit("-seed", 1)[0], []).append(score)
-    seeds = [(v, y) for c, y in zip(cells, rows, strict=True) for v in by_cell.get(c["name"], [])]
+            by_cell.setdefault(tuple(r["cell"].items()), []).append(score)
+    seeds = [
+        (v, y) for c, y in zip(cells, rows, strict=True) for v in by_cell.get(tuple(c["cell"].items()), [])
+    ]
     if seeds:
         values, ys = np.asarray(seeds).T
         ax.scatter(values, ys - 0.22, s=10, color="gray", alpha=0.7, label="one seed")

@@ -176,12 +176,6 @@ def _cost_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-_MAJORITY_LINE = {
-    False: "Majority-class dev accuracy (from the parsed labels)",
-    True: "All-`O` dev token accuracy (the most frequent tag on every word, from the parsed labels)",
-}
-
-
 def render(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
     """report.md of report.build_report's report."""
     metric = grid.metric
@@ -202,9 +196,14 @@ def render(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
             "probabilities, seed by seed (`ensembles/<cell>-seed<k>/`).",
         ]
     if report["majority_baseline"] is not None:
+        floor_name = (
+            "All-`O` dev token accuracy (the most frequent tag on every word, from the parsed labels)"
+            if report["objective"] == objectives.WORD_TAGGING.name
+            else "Majority-class dev accuracy (from the parsed labels)"
+        )
         lines += [
             "",
-            f"{_MAJORITY_LINE[report['objective'] == objectives.WORD_TAGGING.name]}: "
+            f"{floor_name}: "
             f"{report['majority_baseline']:.4f}. Degenerate runs (stackft_jax/degenerate.py): dev "
             f"predictions {100 * degenerate.ONE_CLASS_SHARE:.0f}% or more one class (`one_class`), F1 0 or "
             "undefined, or "

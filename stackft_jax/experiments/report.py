@@ -261,11 +261,13 @@ def boundary_statistics(runs: list[RunResult], metric: str, floor: float | None)
         for measure in (*BOUNDARY_MEASURES, f"dev_{metric}", f"train_dev_gap_{metric}", "steps"):
             values = [b[measure] for b in boundaries if b.get(measure) is not None]
             if values:
-                row[measure] = {"n": len(values), "mean": statistics.mean(values),
-                                "std": statistics.stdev(values) if len(values) > 1 else 0.0}  # fmt: skip
+                interval = _interval(values)
+                row[measure] = {key: interval[key] for key in ("n", "mean", "std")}
         row["stopped_by_rule"] = sum(b["stopped_by_rule"] for b in boundaries)
         dev = [b[f"dev_{metric}"] for b in boundaries if b[f"dev_{metric}"] is not None]
-        row["head_at_floor"] = None if floor is None or not dev else sum(d <= floor + 1e-12 for d in dev)
+        row["head_at_floor"] = (
+            None if floor is None or not dev else sum(degenerate.at_or_below(d, floor) for d in dev)
+        )
         rows.append(row)
     return rows
 
@@ -394,37 +396,20 @@ def comparisons(
     return rows
 
 
-def majority_baseline(run: RunResult) -> float | None:
-    """Accuracy of the most frequent dev label (for tagging, tag), from the parsed labels of the run's
-    dev predictions; None for regression."""
-    records = _majority_records(run)
-    return None if records is None else _metric_of_records(records, "accuracy", run)
-
-
-def majority_in_metric(run: RunResult, metric: str) -> float | None:
-    """The report's `metric` of always predicting that label (tagging: every word `O`, whose entity F1
-    is 0), so a reader compares a cell with its floor in the unit the table shows; None for regression
-    or a metric that is no function of counts."""
-    records = _majority_records(run)
-    return None if records is None else _metric_of_records(records, metric, run)
-
-
-def _majority_records(run: RunResult) -> list[dict[str, Any]] | None:
-    """The run's dev prediction records with every prediction replaced by the most frequent label."""
+def majority_floor(run: RunResult, metric: str) -> tuple[float | None, float | None]:
+    """Always predicting the most frequent dev label (tagging: tag), from the parsed labels of the run's
+    dev predictions: its accuracy (the floor degenerate.py flags runs against) and the report's `metric`
+    of it, the same floor in the unit the table shows (all-`O` entity F1 is 0); (None, None) for
+    regression, and None for a metric that is no function of counts."""
     if run.task.objective is objectives.REGRESSION:
-        return None
-    records = list(predictions.read(run.dev_predictions).values())
+        return None, None
     tagging = run.task.objective is objectives.WORD_TAGGING
+    records = list(predictions.read(run.dev_predictions).values())
     labels = [tag for r in records for tag in (r["label"] if tagging else [r["label"]])]
     majority = collections.Counter(labels).most_common(1)[0][0]
-    return [{**r, "prediction": [majority] * len(r["label"]) if tagging else majority} for r in records]
-
-
-def _metric_of_records(records: list[dict[str, Any]], metric: str, run: RunResult) -> float | None:
-    counts = array_statistics.example_counts(
-        records, metric, tagging=run.task.objective is objectives.WORD_TAGGING
-    )
-    return None if counts is None else array_statistics.metric_of(counts)
+    constant = [{**r, "prediction": [majority] * len(r["label"]) if tagging else majority} for r in records]
+    counts = array_statistics.example_counts(constant, metric, tagging=tagging)
+    return degenerate.majority_share(labels), None if counts is None else array_statistics.metric_of(counts)
 
 
 def build_report(
@@ -432,7 +417,7 @@ def build_report(
 ) -> dict[str, Any]:
     runs = load_runs(grid, workdir)
     ensembles = build_ensembles(grid, workdir)
-    floor = majority_in_metric(runs[0], grid.metric)
+    majority, floor = majority_floor(runs[0], grid.metric)
     return {
         "grid": grid.to_dict(),
         "runs": [
@@ -463,7 +448,7 @@ def build_report(
         "paper_results": paper_results(grid),
         "boundaries": boundary_statistics(runs, grid.metric, floor),
         "objective": runs[0].task.objective.name,
-        "majority_baseline": majority_baseline(runs[0]),
+        "majority_baseline": majority,
         "majority_in_metric": floor,
     }
 
