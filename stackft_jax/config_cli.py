@@ -15,6 +15,7 @@ import difflib
 import importlib.util
 import inspect
 import io
+import json
 import math
 import re
 import sys
@@ -187,12 +188,26 @@ def _kind_of(config: ml_collections.ConfigDict) -> str:
 
 def load(spec: str, overrides: Sequence[str] = (), *, kind: str | None = None) -> ml_collections.ConfigDict:
     """`FILE.py[:arg]` plus `KEY=VALUE` overrides -> the locked config (a typo is then an error).
-    `kind` ("run" or "grid"): the config the command takes; a file of the other kind is refused."""
+    `kind` ("run" or "grid"): the config the command takes; a file of the other kind is refused.
+    FILE may also be a run's recorded `config.json` or `results.json` (recorded_run_config)."""
     path, _, arg = spec.partition(":")
     if not Path(path).is_file():
         raise ConfigError(f"--config={spec}: no config file {path!r}")
     if any("," in item for item in overrides):
         raise ConfigError(f"a config value cannot contain a comma: {[i for i in overrides if ',' in i]}")
+    if path.endswith(".json"):
+        if kind == "grid":
+            raise ConfigError(f"--config={spec}: a run's record; run it with `{_COMMANDS['run']}`")
+        config = recorded_run_config(Path(path))
+        for item in [*items_of(arg), *overrides]:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ConfigError(
+                    f"--config={spec}: a recorded config has no presets; {item!r} is not key=value"
+                )
+            set_value(config, key, value)
+        config.lock()
+        return config
     module_spec = importlib.util.spec_from_file_location(f"_stackft_config_{Path(path).stem}", path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
@@ -209,6 +224,38 @@ def load(spec: str, overrides: Sequence[str] = (), *, kind: str | None = None) -
         _check_kind(config, path, kind)
     _check_applied(config, path, items)
     config.lock()
+    return config
+
+
+def recorded_run_config(path: Path) -> ml_collections.ConfigDict:
+    """The config a run recorded (its workdir's config.json, or results.json's "config"), on today's
+    defaults (configs/common.py): a key added since takes its default, a key removed since is dropped, so
+    any committed run reruns as it ran (`--config.data.test_file=FILE` to score a test split too)."""
+    from stackft_jax import spec as run_spec  # spec imports this module
+
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path}: not JSON ({error})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
+        if isinstance(record, dict) and "grid" in record:
+            raise ConfigError(f"{path}: a grid's record; run the grid with python -m stackft_jax.experiment")
+        raise ConfigError(
+            f'{path}: no "config" object; a run\'s config.json or results.json holds its config'
+        )
+    try:
+        from configs import common  # the checkout's defaults; main.py puts the working directory on the path
+    except ImportError:
+        raise ConfigError(
+            f"--config={path}: a recorded config is read on the defaults in configs/common.py; run from the "
+            "repository's root"
+        ) from None
+    config = common.get_config()
+    run_spec.overlay_recorded(config, record["config"])
+    for block in [config.phase1, *config.phases]:
+        # Where the recorded run kept its features (a grid's shared folder, perhaps on another machine)
+        # is no part of what it computes: this run keeps its own.
+        block.feature_cache_dir = ""
     return config
 
 

@@ -25,7 +25,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string(
     "config",
     None,
-    "Experiment config FILE.py[:preset,key=value,...]; keys also as --config.KEY=VALUE flags.",
+    "Experiment config FILE.py[:preset,key=value,...], or a run's recorded WORKDIR/config.json (it reruns "
+    "that run); keys also as --config.KEY=VALUE flags.",
 )
 flags.DEFINE_bool("show_config", False, "Print every config key with its value and comment, then exit.")
 # The `--config.KEY=VALUE` items, taken out of argv before absl parses it (see _parse_flags).

@@ -6,7 +6,7 @@ The spec holds what a run uses and nothing else: the configured task, the model,
 block (not every head's), the phases (either `config.phases` or the preset `config.strategy` names,
 with only the `phase1.*`/`phase2.*`/`unfreezing.*` alias blocks that preset reads) and the run options.
 `binding_form` is its plain form for workdir binding (workdirs.py): adding a head, a task or a key with a
-default leaves an old workdir's form unchanged.
+default leaves an old workdir's form unchanged, and a preset binds the phases it builds, not its inputs.
 
 Nothing here imports jax itself (the task and head registries it reads do, but no backend starts).
 """
@@ -318,7 +318,7 @@ def _check_rules_apply(spec: RunSpec) -> None:
             )
 
 
-def _overlay(target: ml_collections.ConfigDict, recorded: Mapping[str, Any]) -> None:
+def overlay_recorded(target: ml_collections.ConfigDict, recorded: Mapping[str, Any]) -> None:
     """Writes `recorded`'s values into `target` where `target` has the key; a key `recorded` lacks
     (added since it was written) keeps `target`'s value, a key `target` lacks (removed) is dropped."""
     for key, value in recorded.items():
@@ -326,7 +326,7 @@ def _overlay(target: ml_collections.ConfigDict, recorded: Mapping[str, Any]) -> 
             continue
         current = target[key]
         if isinstance(current, ml_collections.ConfigDict) and isinstance(value, Mapping):
-            _overlay(current, value)
+            overlay_recorded(current, value)
         elif key == "phases" and isinstance(value, list):
             target[key] = [_recorded_block(b) for b in value]
         else:
@@ -350,8 +350,36 @@ def binding_form(spec: RunSpec) -> dict[str, Any]:
     }
     plain["head"] = spec.head.to_dict()
     if spec.written_phases is None:
-        plain.update(spec.aliases.to_dict())
+        plain.update(_preset_binding(spec))
     return {"config": plain}
+
+
+# Presets build per-layer groups from the encoder's depth, which the spec does not know: the binding
+# form builds them for this many layers (the model's name binds the depth itself).
+_BINDING_NUM_LAYERS = 12
+
+
+def _preset_binding(spec: RunSpec) -> dict[str, Any]:
+    """A preset's phases under the alias block each came from (`phase1`, `phase2`; `unfreezing` a list),
+    as the run reads them: an alias key the preset puts in no phase does not bind (stack-only's gap subset,
+    the uniform-rate baseline's new-head rate), nor does a phase key its phase ignores (phases.to_phase)."""
+    by_alias: dict[str, list[dict[str, Any]]] = {}
+    for block, source in spec.phase_blocks(_BINDING_NUM_LAYERS):
+        by_alias.setdefault(source.removeprefix("config."), []).append(_read_keys(block))
+    return {alias: blocks[0] if len(blocks) == 1 else blocks for alias, blocks in by_alias.items()}
+
+
+def _read_keys(block: ml_collections.ConfigDict) -> dict[str, Any]:
+    """A phase block without the keys `phases.to_phase` does not read given the others."""
+    plain = config_cli.to_plain(block)
+    unread = {
+        "num_epochs": plain["num_steps"] > 0,
+        "warmup_ratio": plain["warmup_steps"] > 0,
+        "gap_eval_examples": plain["max_train_dev_gap"] is None,
+        "feature_cache_dtype": not plain["feature_cache"],
+        "feature_cache_dir": not plain["feature_cache"],
+    }
+    return {k: v for k, v in plain.items() if not unread.get(k, False)}
 
 
 def config_from_plain(plain: Mapping[str, Any]) -> ml_collections.ConfigDict:
@@ -366,5 +394,5 @@ def recorded_binding_form(recorded: Mapping[str, Any], current: Mapping[str, Any
     earlier versions wrote), read against the `current` config's plain form: a key the record lacks (added
     since) takes its value now, a key only the record has (removed since) is dropped."""
     config = config_from_plain(current)
-    _overlay(config, recorded)
+    overlay_recorded(config, recorded)
     return binding_form(resolve(config, recorded=True))

@@ -1,7 +1,9 @@
 """One parser for `--config=FILE.py:key=value` and `--config.key=value`: the same types, the same errors,
 task defaults however the task is chosen, one-line errors on the command line, and --show_config."""
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -321,3 +323,59 @@ def test_cli_show_config_needs_no_workdir():
     assert any(line.startswith("data.task = 'mrpc'") for line in lines)
     assert any(line.startswith("head.name = 'esim'") for line in lines)
     assert "--show_config" in _cli("--help").stdout
+
+
+QQP_RUN = "docs/grids/paper_qqp_small/runs/strategy=stack_and_finetune-name=bimpm-seed0"
+
+
+def test_a_committed_run_reruns_from_its_record(monkeypatch):
+    """`--config=<run>/config.json` is the run the grid ran (only where it kept its features differs)."""
+    from stackft_jax import spec, workdirs
+    from stackft_jax.experiments import grid
+
+    monkeypatch.chdir(REPO)
+    grid_config = config_cli.load("configs/experiments/paper_qqp.py:small", kind="grid")
+    (run,) = [r for r in grid.runs_of(grid_config) if r.name == Path(QQP_RUN).name]
+    ran = spec.binding_form(grid.run_spec(grid_config, run, recorded=True))
+    for record in ("config.json", "results.json"):
+        config = config_cli.load(f"{QQP_RUN}/{record}", ["data.test_file=test.tsv"], kind="run")
+        assert config.phase1.feature_cache_dir == "" and config.data.test_file == "test.tsv"
+        rerun = spec.binding_form(spec.resolve(config, recorded=True))
+        assert workdirs.config_differences(ran, rerun) == {"config.data.test_file": (None, "test.tsv")}
+
+
+def test_a_recorded_config_takes_todays_defaults_for_keys_added_since(tmp_path):
+    config = config_cli.load("configs/tiny.py:seed=4")
+    plain = config_cli.to_plain(config)
+    del plain["boundary_train_examples"], plain["phase2"]["head_learning_rate"]
+    plain["removed_since"] = 1
+    (tmp_path / "config.json").write_text(json.dumps({"config": plain}))
+    loaded = config_cli.load(str(tmp_path / "config.json"))
+    assert loaded.to_dict() == config.to_dict()
+
+
+@pytest.mark.parametrize(
+    ("record", "items", "message"),
+    [
+        ({"grid": {"axes": ""}}, [], "a grid's record; run the grid with python -m stackft_jax.experiment"),
+        ({"final": {}}, [], 'no "config" object'),
+        (None, ["demo"], "a recorded config has no presets; 'demo' is not key=value"),
+        (None, ["phase1.lerning_rate=1"], "did you mean 'phase1.learning_rate'?"),
+    ],
+)
+def test_a_bad_record_fails_naming_the_file(tmp_path, record, items, message):
+    path = tmp_path / "config.json"
+    if record is None:
+        record = {"config": config_cli.to_plain(config_cli.load("configs/tiny.py"))}
+    path.write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        config_cli.load(f"{path}:{','.join(items)}" if items else str(path))
+    path.write_text("{not json")
+    with pytest.raises(ConfigError, match="config.json: not JSON"):
+        config_cli.load(str(path))
+
+
+def test_the_command_line_reads_a_recorded_config():
+    proc = _cli(f"--config={QQP_RUN}/config.json", "--config.seed=7", "--show_config")
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^seed = 7\b", proc.stdout, re.M) and "head.name = 'bimpm'" in proc.stdout

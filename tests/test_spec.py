@@ -47,3 +47,28 @@ def test_a_recorded_written_schedule_with_alias_keys_still_resolves():
     with pytest.raises(config_cli.ConfigError, match="phases is written, and config.phase1.num_steps=6"):
         spec.resolve(config)
     assert [b.name for b, _ in spec.resolve(config, recorded=True).phase_blocks(2)] == ["head", "top", "all"]
+
+
+@pytest.mark.parametrize(
+    "strategy, key, binds",
+    [
+        ("stack_only", "phase1.gap_eval_examples", False),  # stack-only has no gap rule
+        ("stack_and_finetune", "phase1.gap_eval_examples", True),
+        ("finetune_only_uniform", "phase2.new_head_learning_rate", False),  # one rate for all
+        ("finetune_only", "phase2.new_head_learning_rate", True),
+    ],
+)
+def test_a_preset_binds_what_its_phases_read(strategy, key, binds):
+    """Changing a key the preset reads into no phase leaves the binding form (and a finished run) alone."""
+    before = spec.binding_form(spec.resolve(tiny.get_config(f"strategy={strategy}")))
+    after = spec.binding_form(spec.resolve(tiny.get_config(f"strategy={strategy},{key}=123")))
+    assert (before != after) == binds
+    assert ("phase1" in before["config"]) == strategy.startswith("stack")
+
+
+def test_a_phase_key_its_phase_ignores_does_not_bind():
+    form = spec.binding_form(spec.resolve(tiny.get_config("strategy=stack_only,phase1.num_steps=5")))
+    phase1 = form["config"]["phase1"]
+    assert "num_epochs" not in phase1 and "gap_eval_examples" not in phase1
+    unfreezing = spec.binding_form(spec.resolve(tiny.get_config("strategy=gradual_unfreezing")))["config"]
+    assert isinstance(unfreezing["unfreezing"], list) and unfreezing["phase1"]["name"] == "head"
