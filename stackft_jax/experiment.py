@@ -42,6 +42,11 @@ cell config changed then resume under the new values; the ensembles are rebuilt)
 metric, the baseline, the ensembles and the seed count are checked before the first cell trains; an axis
 over `seed` is refused (the grid sets it).
 
+Grids that share cells train them once: `--reuse_runs_from=OTHER_WORKDIR[,...]` copies each of this
+shard's unfinished runs that a finished run there ran with the same resolved config (the binding a
+rerun compares; any run name) into WORKDIR/runs, its record without checkpoints, with
+`reused_from.json` naming the source; the report counts them beside the costs.
+
 Runs with `phase1.feature_cache=True` and no `phase1.feature_cache_dir` of their own share
 WORKDIR/feature_cache: the frozen backbone's features are built once for all cells and seeds with the
 same backbone and data (pretrained weights; a random init differs per seed), so later stack-only and
@@ -72,6 +77,13 @@ flags.DEFINE_bool(
     False,
     "Go on with a grid workdir although its recorded grid config differs (the new one is recorded, "
     "the old one kept in grid_config_history.jsonl); its runs may then change config too.",
+)
+
+flags.DEFINE_list(
+    "reuse_runs_from",
+    [],
+    "other grids' workdirs: a run of this grid that one of them finished with the same resolved config "
+    "is copied from there (its record, not its checkpoints) instead of trained again",
 )
 
 _OVERRIDES: list[str] = []  # the `--config.KEY=VALUE` items, taken out of argv before absl parses it
@@ -105,7 +117,9 @@ def main(argv: list[str]) -> None:
         plan_grid(grid, FLAGS.workdir, allow_config_change=allow)
         done = True
     else:
-        done = run_grid(grid, FLAGS.workdir, shard=shard, allow_config_change=allow)
+        done = run_grid(
+            grid, FLAGS.workdir, shard=shard, allow_config_change=allow, reuse_runs_from=FLAGS.reuse_runs_from
+        )
     if not done:
         print(f"shard {FLAGS.shard} finished; the report is written once every shard has")
         return

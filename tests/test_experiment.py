@@ -219,6 +219,32 @@ def test_phase1_length_grid_varies_phase1_alone(preset):
         assert baseline.phase2.num_steps == 60 and baseline.phase1.gap_eval_examples == 500
 
 
+@pytest.mark.parametrize("preset", ["", "small"])
+def test_phase1_dropout_grid_varies_phase1s_dropout_alone(preset):
+    g = config_cli.load("configs/experiments/phase1_dropout.py" + (f":{preset}" if preset else ""), [])
+    baseline, cached, dropout = [grid.run_config(g, run) for run in cells.runs_of(g) if run.seed == 0]
+    assert (baseline.strategy, cached.strategy, dropout.strategy) == (
+        "finetune_only",
+        "stack_and_finetune",
+        "stack_and_finetune",
+    )
+    assert (cached.phase1.backbone_dropout, cached.phase1.feature_cache) == (False, True)
+    assert (dropout.phase1.backbone_dropout, dropout.phase1.feature_cache) == (True, False)
+    plain = [config_cli.to_plain(c) for c in (cached, dropout)]
+    for c in plain:
+        del c["phase1"]["backbone_dropout"], c["phase1"]["feature_cache"]
+    assert plain[0] == plain[1]  # nothing else differs
+    assert {c.head.name for c in (baseline, cached, dropout)} == {"bimpm"}
+    if preset == "small":  # the QQP grid's cells, so its runs can be reused
+        qqp = config_cli.load("configs/experiments/paper_qqp.py:small", [])
+        (same,) = [
+            grid.run_config(qqp, run)
+            for run in cells.runs_of(qqp)
+            if run.name == "strategy=stack_and_finetune-name=bimpm-seed0"
+        ]
+        assert config_cli.to_plain(same) == config_cli.to_plain(cached)
+
+
 def test_report_summarises_phase_boundaries(tmp_path):
     g = _grid(axes="strategy=finetune_only|stack_and_finetune", num_seeds=2)
     for run in cells.runs_of(g):
@@ -448,6 +474,55 @@ def test_holm_correction_across_the_table(tmp_path):
     holm = sorted(row["t_test_p_holm"] for row in rows)
     assert holm[0] == pytest.approx(min(1.0, 2 * raw[0]))  # the smallest p times the number of tests
     assert holm[1] == pytest.approx(max(holm[0], raw[1]))
+
+
+def _fake_recorded_run(workdir, g, run: cells.Run, accuracy: float) -> None:
+    """A fake finished run with the config.json train.run records (what reuse compares)."""
+    _fake_run(workdir, run, accuracy, [True, False])
+    record = {"config": grid.run_spec(g, run).raw, "global_batch_size": 4}
+    (workdir / "runs" / run.name / "config.json").write_text(json.dumps(record))
+    (workdir / "runs" / run.name / "checkpoints").mkdir()  # never copied
+
+
+def test_a_grid_reuses_the_runs_another_grid_finished_with_the_same_config(monkeypatch, tmp_path):
+    monkeypatch.chdir(REPO)
+    first, second = tmp_path / "first", tmp_path / "second"
+    old = _grid(axes="strategy=finetune_only|stack_only", num_seeds=2)
+    for run in cells.runs_of(old):
+        _fake_recorded_run(first, old, run, 0.7 + 0.01 * run.seed)
+    (first / "runs" / "strategy=stack_only-seed1" / "config.json").unlink()  # config unknown: not reused
+    new = _grid(
+        axes="recipe=ft:strategy=finetune_only|sf:strategy=stack_and_finetune|so:strategy=stack_only",
+        num_seeds=2,
+        baseline="recipe=ft",
+    )
+    plan = grid.plan_grid(new, second)
+    started = second / "runs" / "recipe=ft-seed1"
+    started.mkdir(parents=True)  # a run begun here: set aside, not overwritten
+    reused = grid.reuse_runs(plan, [first], plan.runs)
+    assert {(run.name, source.name) for run, source in reused} == {
+        ("recipe=ft-seed0", "strategy=finetune_only-seed0"),
+        ("recipe=ft-seed1", "strategy=finetune_only-seed1"),
+        ("recipe=so-seed0", "strategy=stack_only-seed0"),
+    }
+    copy = second / "runs" / "recipe=ft-seed1"
+    assert grid.finished(copy, plan.specs[plan.runs[3]]) and not (copy / "checkpoints").exists()
+    assert json.loads((copy / grid.REUSED_FROM).read_text())["source"] == str(
+        first / "runs" / "strategy=finetune_only-seed1"
+    )
+    assert [p.name.split(".replaced-")[0] for p in (second / "runs").glob("*.replaced-*")] == [started.name]
+    assert grid.reuse_runs(plan, [first], plan.runs) == []  # nothing left to copy
+    with pytest.raises(config_cli.ConfigError, match="not a grid workdir"):
+        grid.reuse_runs(plan, [tmp_path], plan.runs)
+
+    for run in cells.runs_of(new):
+        if not (second / "runs" / run.name / "results.json").exists():
+            _fake_run(second, run, 0.75, [True, True])
+    grid_report.write_report(new, second, aso_iterations=ASO_ITERATIONS)
+    report = json.loads((second / "report.json").read_text())
+    assert sum("reused_from" in r for r in report["runs"]) == 3
+    assert "3 of the 6 runs were trained by another grid" in (second / "report.md").read_text()
+    assert f"from `{first}`" in (second / "report.md").read_text()
 
 
 def test_an_unfinished_run_is_named(tmp_path):

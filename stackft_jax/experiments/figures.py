@@ -80,7 +80,8 @@ def write(runs: list["RunResult"], report: dict[str, Any], metric: str, out: Pat
                 ax.axvline(boundary, color=line.get_color(), linestyle="--", linewidth=0.8)
     ax.set_xlabel("global step (phase boundaries dashed)")
     ax.set_ylabel(f"dev {metric}")
-    ax.legend(fontsize=6)
+    if ax.lines:  # runs that logged no mid-phase dev score draw no curve
+        ax.legend(fontsize=6)
     fig.tight_layout()
     curves = out / "dev_curves.png"
     fig.savefig(curves, dpi=120)

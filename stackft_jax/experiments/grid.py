@@ -11,6 +11,7 @@ import json
 import logging
 import re
 import shutil
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -181,19 +182,66 @@ def finished(run_dir: Path, resolved: "RunSpec") -> bool:
     )
 
 
+# What a finished run's folder holds besides its record (results, predictions, metrics, config, timings):
+# never copied from another grid, as a grid never commits them.
+_NOT_RECORD = ("checkpoints", "tensorboard", "locks", "feature_cache", "replaced-*", "*.tmp")
+REUSED_FROM = "reused_from.json"
+
+
+def reuse_runs(plan: GridPlan, sources: list[Path], runs: list[Run]) -> list[tuple[Run, Path]]:
+    """Copies into the grid each of `runs` that is unfinished here and that a finished run in another
+    grid's workdir (`sources`, each with runs/) already ran with the same resolved config (`finished`:
+    what a rerun's binding compares), so grids that share cells train them once. The copy is the run's
+    record without its checkpoints, and names its source in REUSED_FROM. Returns (run, source) pairs."""
+    candidates = []
+    for source in sources:
+        if not (source / "runs").is_dir():
+            raise config_cli.ConfigError(f"--reuse_runs_from={source}: not a grid workdir (no runs/ in it)")
+        # A run without its recorded config cannot be shown to be the same run.
+        candidates += sorted(
+            d
+            for d in (source / "runs").iterdir()
+            if (d / "results.json").is_file() and (d / "config.json").is_file()
+        )
+    reused = []
+    for run in runs:
+        target = plan.workdir / "runs" / run.name
+        if finished(target, plan.specs[run]):
+            continue
+        match = next((d for d in candidates if finished(d, plan.specs[run])), None)
+        if match is None:
+            continue
+        if target.exists():  # a started run of its own: keep it, set aside
+            target.rename(target.with_name(f"{target.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"))
+        partial = target.with_name(target.name + ".tmp")
+        shutil.rmtree(partial, ignore_errors=True)  # an earlier copy cut short
+        shutil.copytree(match, partial, ignore=shutil.ignore_patterns(*_NOT_RECORD))
+        provenance = {"source": str(match), "copied_at": time.time()}
+        (partial / REUSED_FROM).write_text(json.dumps(provenance) + "\n")
+        partial.rename(target)  # whole or not at all: a half copy never reads as finished
+        log.info("grid run %s: reused %s (the same resolved config)", run.name, match)
+        reused.append((run, match))
+    return reused
+
+
 def run_grid(
     grid: ml_collections.ConfigDict,
     workdir: str | Path,
     *,
     shard: tuple[int, int] = (0, 1),
     allow_config_change: bool = False,
+    reuse_runs_from: list[Path] = (),
 ) -> bool:
-    """Runs this shard's unfinished cell-seeds; True when every run of the grid (all shards) is finished."""
+    """Runs this shard's unfinished cell-seeds (first copying those that a grid in `reuse_runs_from` ran
+    with the same config: reuse_runs); True when every run of the grid (all shards) is finished."""
     plan = plan_grid(grid, workdir, allow_config_change=allow_config_change)
     from stackft_jax import compilation_cache, train
 
     index, count = shard
     runs, specs = plan.runs, plan.specs
+    if reuse_runs_from:
+        mine = [run for position, run in enumerate(runs) if shard_of(position, count) == index]
+        reuse_runs(plan, [Path(s) for s in reuse_runs_from], mine)
     # The cells share their shapes: a cell's later seeds (and a resumed grid) compile nothing.
     compilation_cache.enable(specs[runs[0]].compilation_cache_dir)
     for position, run in enumerate(runs):

@@ -3,6 +3,7 @@ number is: cells, comparisons (valid or not, tests and what they can show), the 
 phase boundaries."""
 
 import math
+from pathlib import Path
 from typing import Any
 
 import ml_collections
@@ -176,6 +177,19 @@ def _cost_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _reuse_lines(report: dict[str, Any]) -> list[str]:
+    reused = [r for r in report["runs"] if "reused_from" in r]
+    if not reused:
+        return []
+    sources = sorted({str(Path(r["reused_from"]).parent.parent) for r in reused})
+    return [
+        "",
+        f"{len(reused)} of the {len(report['runs'])} runs were trained by another grid with the same "
+        f"resolved config and copied here (`--reuse_runs_from`; each run's `reused_from.json` names "
+        f"its source): from {', '.join(f'`{s}`' for s in sources)}. Their cost is what they cost there.",
+    ]
+
+
 def render(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
     """report.md of report.build_report's report."""
     metric = grid.metric
@@ -219,6 +233,7 @@ def render(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
         lines += ["", *_paper_lines(grid, report)]
     if report["costs"]:
         lines += ["", *_cost_lines(report)]
+    lines += _reuse_lines(report)
     if report["boundaries"]:
         floor, gap = report["majority_in_metric"], f"train_dev_gap_{metric}"
         lines += [

@@ -50,7 +50,7 @@ from stackft_jax.data.task_spec import TaskSpec
 from stackft_jax.experiments import ensemble, figures, markdown
 from stackft_jax.experiments import statistics as array_statistics
 from stackft_jax.experiments.cells import Run, baseline_of, ensembles_of, paper_results, runs_of
-from stackft_jax.experiments.grid import check_ensembles, run_spec
+from stackft_jax.experiments.grid import REUSED_FROM, check_ensembles, run_spec
 from stackft_jax.report import json_safe
 
 ASO_ITERATIONS = 1000  # deepsig's default; each costs a few ms
@@ -67,6 +67,12 @@ class RunResult:
     @property
     def dev_predictions(self) -> Path:
         return predictions.path(self.folder, "dev")
+
+    @property
+    def reused_from(self) -> str | None:
+        """The other grid's run this one was copied from (grid.reuse_runs), or None: trained here."""
+        file = self.folder / REUSED_FROM
+        return json.loads(file.read_text())["source"] if file.is_file() else None
 
     def score(self, split: str, metric: str) -> float | None:
         value = self.results["final"].get(split, {}).get(metric)
@@ -427,6 +433,7 @@ def build_report(
                 "seed": r.run.seed,
                 "final": r.results["final"],
                 "degenerate": {split: r.degenerate(split) for split in r.results["final"]},
+                **({"reused_from": r.reused_from} if r.reused_from else {}),
             }
             for r in runs
         ],

@@ -1,0 +1,48 @@
+"""Does stack-and-finetune's phase 2 lose what phase 1 gave because phase 1 ran without dropout?
+
+The CPU preset of the QQP grid (paper_qqp.py:small) trains phase 1 on cached features of the frozen
+backbone, computed once without dropout, so that stack-only and phase 1 cost the head alone. Phase 2 then
+switches the backbone's dropout (0.1) on under a head that never saw it, and in that grid phase 2 lowers
+stack-and-finetune BiMPM's dev accuracy below its phase-1 score. One diagnostic run (seed 0) with the
+backbone's dropout on in phase 1 ended phase 2 about 3 points higher. This grid asks it with seeds:
+stack-and-finetune BiMPM with phase 1 on cached dropout-free features (`cached`, the grid's recipe) and
+with the backbone run in training mode every phase-1 step (`dropout`, no cache: dearer), against
+finetune-only BiMPM (the QQP grid's baseline; the same runs again, so the report pairs them by seed).
+
+CPU-sized, everything else as paper_qqp.py:small (300 fine-tuning steps, 120 head-only steps). Its
+`finetune_only` and `cached` cells are the QQP grid's finetune-only and stack-and-finetune BiMPM runs (the
+same resolved configs), so they are copied from that grid's committed runs rather than trained again:
+  taskset -c 0 python -m stackft_jax.experiment --config=configs/experiments/phase1_dropout.py:small \
+    --workdir=docs/grids/phase1_dropout_small --reuse_runs_from=docs/grids/paper_qqp_small --shard=0/2 &
+  taskset -c 1 python -m stackft_jax.experiment --config=configs/experiments/phase1_dropout.py:small \
+    --workdir=docs/grids/phase1_dropout_small --reuse_runs_from=docs/grids/paper_qqp_small --shard=1/2
+Cost: the 5 `dropout` runs, about 700 s each (the diagnostic run: phase 1 pays the backbone's forward
+pass every step and on the 2,000 gap pairs), about 1 core-hour; without the copies 15 runs, about 2.4.
+"""
+
+import ml_collections
+
+from configs.experiments import paper_qqp
+from stackft_jax import config_cli
+
+_RECIPES = (
+    "recipe=finetune_only:strategy=finetune_only"
+    "|cached:phase1.backbone_dropout=False,phase1.feature_cache=True"
+    "|dropout:phase1.backbone_dropout=True,phase1.feature_cache=False"
+)
+
+
+def small(c: ml_collections.ConfigDict) -> None:
+    paper_qqp.small(c)
+    c.base += ",head=bimpm,strategy=stack_and_finetune"
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.base = "configs/quora.py:head=bimpm,strategy=stack_and_finetune"  # bert-base-uncased, GLUE QQP
+    c.axes = _RECIPES  # "label:key=value,...": each recipe sets its keys on the base
+    c.num_seeds = 5  # seeds 0 .. num_seeds-1 per cell
+    c.baseline = "recipe=finetune_only"  # the cell every other value of this axis is compared with
+    c.metric = "accuracy"  # the dev metric of the comparisons (the paper's measure)
+    config_cli.apply_items(c, arg, {"small": small})
+    return c
