@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from stackft_jax import config_cli, degenerate, metrics, predictions
+from stackft_jax import config_cli, degenerate, metrics, predictions, spec
 from stackft_jax.experiments import cells, grid
 from stackft_jax.experiments import report as grid_report
 from tests.conftest import REPO
@@ -202,7 +202,7 @@ def test_pilot_curves_extend_the_paper_grids_runs(task, grid_file, heads):
         config_cli.load("configs/experiments/pilot.py", [])
 
 
-@pytest.mark.parametrize("preset", ["", "small"])
+@pytest.mark.parametrize("preset", ["", "small", "small_300"])
 def test_phase1_length_grid_varies_phase1_alone(preset):
     g = config_cli.load("configs/experiments/phase1_length.py" + (f":{preset}" if preset else ""), [])
     configs = [grid.run_config(g, run) for run in cells.runs_of(g) if run.seed == 0]
@@ -214,9 +214,18 @@ def test_phase1_length_grid_varies_phase1_alone(preset):
     steps = [c.phase1.num_steps for c in lengths]
     assert steps == sorted(steps) and len(set(steps)) == len(steps) == 4
     assert len({c.phase2.num_steps for c in configs}) == 1  # the same fine-tuning budget everywhere
-    assert (baseline.model.name_or_path == "embedded:minilm") == (preset == "small")
+    assert (baseline.model.name_or_path == "embedded:minilm") == preset.startswith("small")
     if preset == "small":  # the budget its committed report (docs/phase1_length_report.md) ran with
         assert baseline.phase2.num_steps == 60 and baseline.phase1.gap_eval_examples == 500
+    if preset == "small_300":  # the QQP grid's finetune-only BiMPM, whose runs it reuses
+        qqp = config_cli.load("configs/experiments/paper_qqp.py:small", [])
+        (same,) = [
+            grid.run_spec(qqp, run, recorded=True)
+            for run in cells.runs_of(qqp)
+            if run.name == "strategy=finetune_only-name=bimpm-seed0"
+        ]
+        mine = grid.run_spec(g, cells.runs_of(g)[0], recorded=True)
+        assert spec.binding_form(mine) == spec.binding_form(same)
 
 
 @pytest.mark.parametrize("preset", ["", "small"])
