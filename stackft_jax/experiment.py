@@ -33,7 +33,10 @@ bound to its config like any workdir); finished runs are read back, so the grid 
 and a finished grid only rewrites the report and its ensembles (experiments/report.py). Runs go seed by
 seed, so a grid cut short still has comparable cells. `--shard=i/N` runs the cell-seeds whose position
 in that order is i mod N: N machines over one shared workdir (or merged later) split a grid; the report
-is written by whichever finds every run finished.
+is written by whichever finds every run finished. Processes of one machine can share a grid (or a
+shard) without splitting it in advance: each skips a run that another live process holds (its workdir
+lock) and takes the next, so `taskset -c 0 ... & taskset -c 1 ...` over one workdir balances itself
+when cells cost unequal amounts (single-host processes; a multi-host grid uses --shard).
 
 A grid workdir belongs to its grid config as a run workdir to its run config: WORKDIR/grid_config.json
 records it, and a rerun with another (another base, axes, seeds, metric, ...) is refused before any

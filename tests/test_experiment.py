@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import ml_collections
 import numpy as np
@@ -317,7 +318,7 @@ def _fake_run(
 
 def _write_run(workdir, run: cells.Run, results: dict, records: list[dict]) -> None:
     run_dir = workdir / "runs" / run.name
-    run_dir.mkdir(parents=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "results.json").write_text(json.dumps(results))
     predictions.write(predictions.path(run_dir, "dev"), records)
     accuracy = results["final"]["dev"]["accuracy"]
@@ -534,6 +535,31 @@ def test_a_grid_reuses_the_runs_another_grid_finished_with_the_same_config(monke
     assert f"from `{first}`" in (second / "report.md").read_text()
 
 
+def test_processes_sharing_a_grid_leave_each_other_their_runs(monkeypatch, tmp_path):
+    """A run whose workdir lock a live process holds is skipped, not failed: processes over one workdir
+    each take the next free run. (train.run is replaced by one that takes the real lock and writes a
+    finished run's files, so the test trains nothing.)"""
+    from stackft_jax import train, workdirs
+
+    monkeypatch.chdir(REPO)
+    g = _grid(axes="strategy=finetune_only|stack_only", num_seeds=1)
+    trained = []
+
+    def fake_train(run_spec, run_dir, **_):
+        with workdirs.exclusive(Path(run_dir)):
+            trained.append(Path(run_dir).name)
+            run = next(r for r in cells.runs_of(g) if r.name == Path(run_dir).name)
+            _fake_recorded_run(tmp_path, g, run, 0.7)
+
+    monkeypatch.setattr(train, "run", fake_train)
+    held = tmp_path / "runs" / "strategy=finetune_only-seed0"
+    with workdirs.exclusive(held):  # a live process's run (flock: per open file, so this process too)
+        assert grid.run_grid(g, tmp_path) is False
+    assert trained == ["strategy=stack_only-seed0"]
+    assert grid.run_grid(g, tmp_path) is True
+    assert trained == ["strategy=stack_only-seed0", "strategy=finetune_only-seed0"]
+
+
 def test_an_unfinished_run_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="has not finished"):
         grid_report.load_runs(_grid(), tmp_path)
@@ -606,7 +632,7 @@ def _scored_run(workdir, run: cells.Run, splits: dict[str, tuple[list, list]], *
                 for i, (p, y) in enumerate(zip(predicted, labels, strict=True))
             ]
     run_dir = workdir / "runs" / run.name
-    run_dir.mkdir(parents=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
     body = {"final": final, "final_params": "last", "phases": [{"phase": "phase2", "steps": 3}]} | results
     (run_dir / "results.json").write_text(json.dumps(body))
     for split, split_records in records.items():

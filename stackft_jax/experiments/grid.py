@@ -233,9 +233,13 @@ def run_grid(
     reuse_runs_from: list[Path] = (),
 ) -> bool:
     """Runs this shard's unfinished cell-seeds (first copying those that a grid in `reuse_runs_from` ran
-    with the same config: reuse_runs); True when every run of the grid (all shards) is finished."""
+    with the same config: reuse_runs); True when every run of the grid (all shards) is finished.
+    A run that another live process is training (its workdir lock) is left to it: several single-host
+    processes over one workdir each take the next free run, so they share a grid without --shard."""
     plan = plan_grid(grid, workdir, allow_config_change=allow_config_change)
-    from stackft_jax import compilation_cache, train
+    import jax
+
+    from stackft_jax import compilation_cache, train, workdirs
 
     index, count = shard
     runs, specs = plan.runs, plan.specs
@@ -249,7 +253,12 @@ def run_grid(
         if shard_of(position, count) != index or finished(run_dir, specs[run]):
             continue
         log.info("grid run %d/%d: %s", position + 1, len(runs), run.name)
-        train.run(specs[run], run_dir, allow_config_change=allow_config_change)
+        try:
+            train.run(specs[run], run_dir, allow_config_change=allow_config_change)
+        except workdirs.WorkdirInUse as error:
+            if jax.process_count() > 1:  # every host must take the same runs: a multi-host grid uses --shard
+                raise
+            log.info("grid run %s is another process's (%s); taking the next", run.name, error)
     return all(finished(plan.workdir / "runs" / run.name, specs[run]) for run in runs)
 
 
