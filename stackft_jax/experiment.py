@@ -45,9 +45,9 @@ cell config changed then resume under the new values; the ensembles are rebuilt)
 metric, the baseline, the ensembles and the seed count are checked before the first cell trains; an axis
 over `seed` is refused (the grid sets it).
 
-Grids that share cells train them once: `--reuse_runs_from=OTHER_WORKDIR[,...]` copies each of this
-shard's unfinished runs that a finished run there ran with the same resolved config (the binding a
-rerun compares; any run name) into WORKDIR/runs, its record without checkpoints, with
+Grids that share cells train them once: `--reuse_runs_from=OTHER_WORKDIR[,...]` copies each unfinished
+run of this shard, when its turn comes, from a finished run there with the same resolved config (the
+binding a rerun compares; any run name) into WORKDIR/runs: its record without checkpoints, with
 `reused_from.json` naming the source; the report counts them beside the costs.
 
 Runs with `phase1.feature_cache=True` and no `phase1.feature_cache_dir` of their own share

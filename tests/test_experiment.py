@@ -494,6 +494,23 @@ def _fake_recorded_run(workdir, g, run: cells.Run, accuracy: float) -> None:
     (workdir / "runs" / run.name / "checkpoints").mkdir()  # never copied
 
 
+def _fake_training(monkeypatch, g, workdir) -> list[str]:
+    """train.run replaced by one that takes the real workdir lock and writes a finished run's files (so
+    the grid logic is tested without training); returns the names of the runs it 'trained'."""
+    from stackft_jax import train, workdirs
+
+    trained = []
+
+    def fake_train(run_spec, run_dir, **_):
+        with workdirs.exclusive(Path(run_dir)):
+            trained.append(Path(run_dir).name)
+            run = next(r for r in cells.runs_of(g) if r.name == Path(run_dir).name)
+            _fake_recorded_run(workdir, g, run, 0.75)
+
+    monkeypatch.setattr(train, "run", fake_train)
+    return trained
+
+
 def test_a_grid_reuses_the_runs_another_grid_finished_with_the_same_config(monkeypatch, tmp_path):
     monkeypatch.chdir(REPO)
     first, second = tmp_path / "first", tmp_path / "second"
@@ -506,28 +523,23 @@ def test_a_grid_reuses_the_runs_another_grid_finished_with_the_same_config(monke
         num_seeds=2,
         baseline="recipe=ft",
     )
-    plan = grid.plan_grid(new, second)
     started = second / "runs" / "recipe=ft-seed1"
     started.mkdir(parents=True)  # a run begun here: set aside, not overwritten
-    reused = grid.reuse_runs(plan, [first], plan.runs)
-    assert {(run.name, source.name) for run, source in reused} == {
-        ("recipe=ft-seed0", "strategy=finetune_only-seed0"),
-        ("recipe=ft-seed1", "strategy=finetune_only-seed1"),
-        ("recipe=so-seed0", "strategy=stack_only-seed0"),
-    }
+    trained = _fake_training(monkeypatch, new, second)
+    with pytest.raises(config_cli.ConfigError, match="not a grid workdir"):
+        grid.run_grid(new, second, reuse_runs_from=[tmp_path])
+    assert grid.run_grid(new, second, reuse_runs_from=[first]) is True
+    assert trained == ["recipe=sf-seed0", "recipe=sf-seed1", "recipe=so-seed1"]
     copy = second / "runs" / "recipe=ft-seed1"
-    assert grid.finished(copy, plan.specs[plan.runs[3]]) and not (copy / "checkpoints").exists()
+    assert not (copy / "checkpoints").exists() and (copy / "results.json").is_file()
     assert json.loads((copy / grid.REUSED_FROM).read_text())["source"] == str(
         first / "runs" / "strategy=finetune_only-seed1"
     )
     assert [p.name.split(".replaced-")[0] for p in (second / "runs").glob("*.replaced-*")] == [started.name]
-    assert grid.reuse_runs(plan, [first], plan.runs) == []  # nothing left to copy
-    with pytest.raises(config_cli.ConfigError, match="not a grid workdir"):
-        grid.reuse_runs(plan, [tmp_path], plan.runs)
+    plan = grid.plan_grid(new, second)  # a process that looked before the copy was in place keeps it:
+    assert grid.reuse_run(plan, plan.runs[0], [first]) == first / "runs" / "strategy=finetune_only-seed0"
+    assert len(list((second / "runs").iterdir())) == 7 and not list((second / "runs").glob("*.tmp"))
 
-    for run in cells.runs_of(new):
-        if not (second / "runs" / run.name / "results.json").exists():
-            _fake_run(second, run, 0.75, [True, True])
     grid_report.write_report(new, second, aso_iterations=ASO_ITERATIONS)
     report = json.loads((second / "report.json").read_text())
     assert sum("reused_from" in r for r in report["runs"]) == 3
@@ -535,23 +547,28 @@ def test_a_grid_reuses_the_runs_another_grid_finished_with_the_same_config(monke
     assert f"from `{first}`" in (second / "report.md").read_text()
 
 
+def test_a_run_another_process_holds_is_not_copied_over(monkeypatch, tmp_path):
+    from stackft_jax import workdirs
+
+    monkeypatch.chdir(REPO)
+    old = _grid(axes="strategy=finetune_only", num_seeds=1, baseline="strategy=finetune_only")
+    (run,) = cells.runs_of(old)
+    _fake_recorded_run(tmp_path / "first", old, run, 0.7)
+    plan = grid.plan_grid(old, tmp_path / "second")
+    with workdirs.exclusive(tmp_path / "second" / "runs" / run.name):
+        assert grid.reuse_run(plan, run, [tmp_path / "first"]) is None
+    assert grid.reuse_run(plan, run, [tmp_path / "first"]) is not None
+
+
 def test_processes_sharing_a_grid_leave_each_other_their_runs(monkeypatch, tmp_path):
     """A run whose workdir lock a live process holds is skipped, not failed: processes over one workdir
     each take the next free run. (train.run is replaced by one that takes the real lock and writes a
     finished run's files, so the test trains nothing.)"""
-    from stackft_jax import train, workdirs
+    from stackft_jax import workdirs
 
     monkeypatch.chdir(REPO)
     g = _grid(axes="strategy=finetune_only|stack_only", num_seeds=1)
-    trained = []
-
-    def fake_train(run_spec, run_dir, **_):
-        with workdirs.exclusive(Path(run_dir)):
-            trained.append(Path(run_dir).name)
-            run = next(r for r in cells.runs_of(g) if r.name == Path(run_dir).name)
-            _fake_recorded_run(tmp_path, g, run, 0.7)
-
-    monkeypatch.setattr(train, "run", fake_train)
+    trained = _fake_training(monkeypatch, g, tmp_path)
     held = tmp_path / "runs" / "strategy=finetune_only-seed0"
     with workdirs.exclusive(held):  # a live process's run (flock: per open file, so this process too)
         assert grid.run_grid(g, tmp_path) is False

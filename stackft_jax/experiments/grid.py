@@ -9,6 +9,7 @@ before jax starts.
 import dataclasses
 import json
 import logging
+import os
 import re
 import shutil
 import time
@@ -188,40 +189,53 @@ _NOT_RECORD = ("checkpoints", "tensorboard", "locks", "feature_cache", "replaced
 REUSED_FROM = "reused_from.json"
 
 
-def reuse_runs(plan: GridPlan, sources: list[Path], runs: list[Run]) -> list[tuple[Run, Path]]:
-    """Copies into the grid each of `runs` that is unfinished here and that a finished run in another
-    grid's workdir (`sources`, each with runs/) already ran with the same resolved config (`finished`:
-    what a rerun's binding compares), so grids that share cells train them once. The copy is the run's
-    record without its checkpoints, and names its source in REUSED_FROM. Returns (run, source) pairs."""
-    candidates = []
+def _finished_runs(sources: list[Path]) -> list[Path]:
+    """The finished runs of other grids' workdirs that recorded their config (without it a run cannot be
+    shown to be the same run)."""
+    found = []
     for source in sources:
         if not (source / "runs").is_dir():
             raise config_cli.ConfigError(f"--reuse_runs_from={source}: not a grid workdir (no runs/ in it)")
-        # A run without its recorded config cannot be shown to be the same run.
-        candidates += sorted(
+        found += sorted(
             d
             for d in (source / "runs").iterdir()
             if (d / "results.json").is_file() and (d / "config.json").is_file()
         )
-    reused = []
-    for run in runs:
-        target = plan.workdir / "runs" / run.name
-        if finished(target, plan.specs[run]):
-            continue
-        match = next((d for d in candidates if finished(d, plan.specs[run])), None)
-        if match is None:
-            continue
-        if target.exists():  # a started run of its own: keep it, set aside
-            target.rename(target.with_name(f"{target.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"))
-        partial = target.with_name(target.name + ".tmp")
-        shutil.rmtree(partial, ignore_errors=True)  # an earlier copy cut short
-        shutil.copytree(match, partial, ignore=shutil.ignore_patterns(*_NOT_RECORD))
-        provenance = {"source": str(match), "copied_at": time.time()}
-        (partial / REUSED_FROM).write_text(json.dumps(provenance) + "\n")
+    return found
+
+
+def reuse_run(plan: GridPlan, run: Run, sources: list[Path]) -> Path | None:
+    """Copies `run` from a finished run in another grid's workdir (`sources`) that ran with the same
+    resolved config (`finished`: what a rerun's binding compares), so grids that share cells train them
+    once; returns that source once the copy is in place (made now, or by another process of this grid),
+    or None (no such run, or a live process holds this run). The copy is the run's record without its
+    checkpoints, naming its source in REUSED_FROM; a started run of this grid's own is set aside beside
+    it (`<run>.replaced-<time>`)."""
+    from stackft_jax import workdirs
+
+    match = next((d for d in _finished_runs(sources) if finished(d, plan.specs[run])), None)
+    if match is None:
+        return None
+    target = plan.workdir / "runs" / run.name
+    if target.exists():
+        try:
+            with workdirs.exclusive(target):  # a live process's run stays its own
+                if finished(target, plan.specs[run]):  # another process copied it meanwhile
+                    return match
+                target.rename(target.with_name(f"{target.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"))
+        except workdirs.WorkdirInUse:
+            return None
+    partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    shutil.rmtree(partial, ignore_errors=True)  # an earlier copy cut short
+    shutil.copytree(match, partial, ignore=shutil.ignore_patterns(*_NOT_RECORD))
+    provenance = {"source": str(match), "copied_at": time.time()}
+    (partial / REUSED_FROM).write_text(json.dumps(provenance) + "\n")
+    try:
         partial.rename(target)  # whole or not at all: a half copy never reads as finished
-        log.info("grid run %s: reused %s (the same resolved config)", run.name, match)
-        reused.append((run, match))
-    return reused
+    except OSError:  # another process of this grid put it there first
+        shutil.rmtree(partial)
+    log.info("grid run %s: reused %s (the same resolved config)", run.name, match)
+    return match
 
 
 def run_grid(
@@ -233,7 +247,7 @@ def run_grid(
     reuse_runs_from: list[Path] = (),
 ) -> bool:
     """Runs this shard's unfinished cell-seeds (first copying those that a grid in `reuse_runs_from` ran
-    with the same config: reuse_runs); True when every run of the grid (all shards) is finished.
+    with the same config: reuse_run); True when every run of the grid (all shards) is finished.
     A run that another live process is training (its workdir lock) is left to it: several single-host
     processes over one workdir each take the next free run, so they share a grid without --shard."""
     plan = plan_grid(grid, workdir, allow_config_change=allow_config_change)
@@ -243,14 +257,16 @@ def run_grid(
 
     index, count = shard
     runs, specs = plan.runs, plan.specs
-    if reuse_runs_from:
-        mine = [run for position, run in enumerate(runs) if shard_of(position, count) == index]
-        reuse_runs(plan, [Path(s) for s in reuse_runs_from], mine)
+    sources = [Path(s) for s in reuse_runs_from]
+    _finished_runs(sources)  # a mistyped source fails before any run
     # The cells share their shapes: a cell's later seeds (and a resumed grid) compile nothing.
     compilation_cache.enable(specs[runs[0]].compilation_cache_dir)
     for position, run in enumerate(runs):
         run_dir = plan.workdir / "runs" / run.name
         if shard_of(position, count) != index or finished(run_dir, specs[run]):
+            continue
+        # Looked up when the run's turn comes: the other grid may have finished it since this one started.
+        if sources and reuse_run(plan, run, sources):
             continue
         log.info("grid run %d/%d: %s", position + 1, len(runs), run.name)
         try:

@@ -70,7 +70,7 @@ class RunResult:
 
     @property
     def reused_from(self) -> str | None:
-        """The other grid's run this one was copied from (grid.reuse_runs), or None: trained here."""
+        """The other grid's run this one was copied from (grid.reuse_run), or None: trained here."""
         file = self.folder / REUSED_FROM
         return json.loads(file.read_text())["source"] if file.is_file() else None
 
