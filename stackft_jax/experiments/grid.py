@@ -259,6 +259,11 @@ def run_grid(
     runs, specs = plan.runs, plan.specs
     sources = [Path(s) for s in reuse_runs_from]
     _finished_runs(sources)  # a mistyped source fails before any run
+    if sources and jax.process_count() > 1:  # hosts must agree on every run they skip
+        raise config_cli.ConfigError(
+            "--reuse_runs_from is single-host: the hosts of a multi-host grid would each copy and skip runs "
+            "on their own"
+        )
     # The cells share their shapes: a cell's later seeds (and a resumed grid) compile nothing.
     compilation_cache.enable(specs[runs[0]].compilation_cache_dir)
     for position, run in enumerate(runs):
