@@ -14,6 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 # The committed grid folder and the grid config (with preset) that wrote its report.
 COMMITTED = {
     "docs/grids/paper_qqp_short": "configs/experiments/paper_qqp.py:short",
+    "docs/grids/paper_qqp_small": "configs/experiments/paper_qqp.py:small",
     "docs/grids/paper_conll_small": "configs/experiments/paper_conll.py:small",
     "docs/grids/paper_yahoo_small": "configs/experiments/paper_yahoo.py:small",
     "docs/grids/pilot_qqp": "configs/experiments/pilot.py:qqp",

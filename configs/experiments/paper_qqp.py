@@ -28,7 +28,7 @@ about 5 minutes per fine-tuning run and 1 per stack-only run: the 80 runs take a
 hours with one shard per core of a quiet machine (the report's cost table gives what they took).
 
 `short` is the first grid's budget (60 fine-tuning steps, dev every 60; committed in
-docs/grids/paper_qqp_short with docs/qqp_grid_reading.md): too short for the pair heads, whose
+docs/grids/paper_qqp_short with docs/qqp_short_grid_reading.md): too short for the pair heads, whose
 finetune-only runs ended at or below the majority class in 6 of 15 runs. It stays so that grid's report
 can be recomputed and resumed.
 """
@@ -71,8 +71,9 @@ def small(c: ml_collections.ConfigDict) -> None:
     # scored at 100, 200 and 300 (the report's dev curves). The gap is measured on 2,000 training pairs
     # (the library default), not `short`'s 500: on 500, whose accuracy alone varies by about 2 points,
     # the 0.03 rule ended BiMPM's phase 1 at dev 0.51-0.60, below the majority class, in 3 of 6 runs
-    # (docs/qqp_grid_reading.md). The head alone scores them, from the cached features: stack-and-finetune
-    # BiMPM's evaluation time went from 112 s to 140 s of its 400-460 s (seed 0, timings.json).
+    # (docs/qqp_short_grid_reading.md). The head alone scores them, from the cached features:
+    # stack-and-finetune BiMPM's evaluation time went from 112 s to 140 s of its 400-460 s (seed 0,
+    # timings.json).
     c.base += ",phase2.num_steps=300,eval_every_steps=100,phase1.gap_eval_examples=2000"
 
 
