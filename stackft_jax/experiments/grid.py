@@ -13,7 +13,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -244,10 +244,11 @@ def run_grid(
     *,
     shard: tuple[int, int] = (0, 1),
     allow_config_change: bool = False,
-    reuse_runs_from: list[Path] = (),
+    reuse_runs_from: Sequence[str | Path] = (),
 ) -> bool:
-    """Runs this shard's unfinished cell-seeds (first copying those that a grid in `reuse_runs_from` ran
-    with the same config: reuse_run); True when every run of the grid (all shards) is finished.
+    """Runs this shard's unfinished cell-seeds, each copied instead when its turn comes if a grid in
+    `reuse_runs_from` finished it with the same config (reuse_run); True when every run of the grid (all
+    shards) is finished.
     A run that another live process is training (its workdir lock) is left to it: several single-host
     processes over one workdir each take the next free run, so they share a grid without --shard."""
     plan = plan_grid(grid, workdir, allow_config_change=allow_config_change)

@@ -68,7 +68,7 @@ class RunResult:
     def dev_predictions(self) -> Path:
         return predictions.path(self.folder, "dev")
 
-    @property
+    @functools.cached_property  # build_report asks twice per run
     def reused_from(self) -> str | None:
         """The other grid's run this one was copied from (grid.reuse_run), or None: trained here."""
         file = self.folder / REUSED_FROM
