@@ -28,10 +28,12 @@ import numpy as np
 from flax import nnx
 
 from configs import quora
-from stackft_jax import evaluation, loop, optim, phases, sharding, spec, steps
+from stackft_jax.config import phases, spec
+from stackft_jax.config.spec import RunSpec
 from stackft_jax.data import task_spec
-from stackft_jax.models import bert, build
-from stackft_jax.spec import RunSpec
+from stackft_jax.models import bert
+from stackft_jax.runtime import sharding
+from stackft_jax.training import build, evaluation, loop, optim, steps
 
 CASES = ("full", "phase1", "eval")
 # config_overrides of the randomly initialised models; "minilm" is the embedded pretrained MiniLM.

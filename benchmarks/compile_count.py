@@ -3,7 +3,7 @@
   python -m benchmarks.compile_count                 # tiny model, 4 epochs per phase, 3 length buckets
   python -m benchmarks.compile_count --quick         # 2 epochs per phase, 2 buckets (the smoke test)
 
-Runs `stackft_jax.train.run` (strategy stack_and_finetune: phase 1, then phase 2) on configs/tiny.py
+Runs `stackft_jax.training.train.run` (strategy stack_and_finetune: phase 1, then phase 2) on configs/tiny.py
 with `max_seq_length` 128, so batches are padded to the buckets (32, 64, 128), on a synthetic QQP file
 whose pairs are spread over all three buckets (the packaged fixtures are all under 32 tokens, which would
 exercise one bucket only). `--train-file/--dev-file` take real files instead.
@@ -28,8 +28,8 @@ import numpy as np
 
 from benchmarks.machine import machine_info, write_json
 from configs import tiny
-from stackft_jax import loop, train
 from stackft_jax.data import batching
+from stackft_jax.training import loop, train
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"

@@ -32,9 +32,10 @@ import numpy as np
 
 from benchmarks import cases
 from benchmarks.machine import load_average, machine_info, write_json
-from stackft_jax import feature_cache, sharding
 from stackft_jax.data import batching, task_spec, tasks, tokenization
 from stackft_jax.models import bert
+from stackft_jax.runtime import sharding
+from stackft_jax.training import feature_cache
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TRAIN_FILE = REPO.parent / "shared" / "data" / "qqp" / "train.tsv"

@@ -20,8 +20,9 @@ import numpy as np
 
 from benchmarks.machine import finish, machine_info
 from configs.experiments import paper_qqp
-from stackft_jax import config_cli, predictions, train
-from stackft_jax.report import train_scalars
+from stackft_jax.config import config_cli
+from stackft_jax.training import prediction_files, train
+from stackft_jax.training.run_report import train_scalars
 
 # case -> the keys it changes from the grid's finetune-only run (the head at BERT's rate, 5e-5, is
 # `finetune_only_uniform`; the library default gives a new head `phase2.new_head_learning_rate`).
@@ -56,7 +57,7 @@ def measure(name: str, args: argparse.Namespace) -> dict:
     config = case_config(name, args)
     results = train.run(config, workdir) if not (workdir / "results.json").exists() else None
     results = results or json.loads((workdir / "results.json").read_text())
-    records = predictions.read(predictions.path(workdir, "dev")).values()
+    records = prediction_files.read(prediction_files.path(workdir, "dev")).values()
     predicted = np.array([r["prediction"] for r in records])
     dev_curve = [
         (r["global_step"], r["accuracy"], r["f1"])

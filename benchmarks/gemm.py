@@ -25,7 +25,7 @@ the examples/s ratio JAX cannot exceed with XLA's matmuls, whatever the rest of 
 
 XLA:CPU picks its matmul library by flag, process-wide, so `--xla-flag-sets` times the JAX products
 again in a subprocess per flag set (torch is timed once, in this process):
-  stackft_jax   the flags `stackft_jax.xla_flags` sets (Eigen matmuls): what `main.py` runs.
+  stackft_jax   the flags `stackft_jax.runtime.xla_flags` sets (Eigen matmuls): what `main.py` runs.
   xla_default   XLA's own defaults (YNNPACK fusions), i.e. STACKFT_JAX_NO_XLA_DEFAULTS=1.
   onednn        stackft_jax's flags + --xla_cpu_experimental_onednn_custom_call=true.
 """
@@ -47,7 +47,8 @@ import numpy as np
 
 from benchmarks import cases
 from benchmarks.machine import finish, machine_info
-from stackft_jax.models import bert, build
+from stackft_jax.models import bert
+from stackft_jax.training import build
 
 # name -> (environment changes of the subprocess, extra XLA flags)
 XLA_FLAG_SETS: dict[str, tuple[dict[str, str], str]] = {

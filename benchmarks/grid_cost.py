@@ -33,8 +33,10 @@ from pathlib import Path
 import ml_collections
 
 from benchmarks.machine import finish, machine_info
-from stackft_jax import compilation_cache, config_cli, train
+from stackft_jax.config import config_cli
 from stackft_jax.experiments import cells, grid
+from stackft_jax.runtime import compilation_cache
+from stackft_jax.training import train
 
 # case -> (grid config, the cell's axis values)
 CASES = {

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from benchmarks.machine import finish, machine_info
-from stackft_jax import timing
+from stackft_jax.runtime import timing
 
 REPO = Path(__file__).resolve().parent.parent
 MODES = {"shared": "", "per_run": "phase1.feature_cache_dir=none"}

@@ -26,9 +26,9 @@ import jax
 
 from benchmarks import cases
 from benchmarks.machine import load_average, machine_info, write_json
-from stackft_jax import sharding
 from stackft_jax.data import batching, task_spec, tasks, tokenization
 from stackft_jax.models import bert
+from stackft_jax.runtime import sharding
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TRAIN_FILE = REPO.parent / "shared" / "data" / "qqp" / "train.tsv"

@@ -60,7 +60,8 @@ def _jax_case(model, case: str, batch: dict) -> tuple[cases.Case, Callable[[], d
     from the step's; the parameters are donated to the train state, not copied."""
     import jax
 
-    from stackft_jax import optim, sharding
+    from stackft_jax.runtime import sharding
+    from stackft_jax.training import optim
 
     device_batch = sharding.put_batch(batch, model.mesh)
     if case == "eval":

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from benchmarks.machine import load_average, machine_info, write_json
-from stackft_jax import inference, trained
 from stackft_jax.data import task_spec
+from stackft_jax.trained import inference, opening
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default="benchmarks/out/predict_speed.json")
     args = parser.parse_args(argv)
 
-    source = trained.open_workdir(args.workdir)
+    source = opening.open_workdir(args.workdir)
     path = Path(args.input or source.run_spec.data.dev_file)
     predictor = inference.Predictor(source)
     run_spec = source.run_spec

@@ -28,7 +28,7 @@ from jax._src.profiler import ProfileData  # public as jax.profiler.ProfileData 
 
 from benchmarks import cases
 from benchmarks.machine import load_average, machine_info, write_json
-from stackft_jax import sharding
+from stackft_jax.runtime import sharding
 
 _INSTRUCTION = re.compile(
     r"^\s*(?:ROOT )?%(?P<name>[\w.\-]+) = .*?(?:kind=(?P<kind>\w+))?.*?"

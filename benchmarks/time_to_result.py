@@ -16,7 +16,7 @@ time, from launch to exit, is split into
               apart
   checkpoint_writes  saving checkpoints, and waiting for background saves at the end of a phase
   rest        what none of those covered, process exit included
-from the timings the library itself records (stackft_jax/timing.py). `outside_steps_share` is the part
+from the timings the library itself records (stackft_jax/runtime/timing.py). `outside_steps_share` is the part
 of wall time outside training steps and evaluation (target for warm runs: <= 0.10).
 
 `--eval-padding` also counts, for QQP dev as the qqp case evaluates it, the tokens the eval batches
@@ -37,9 +37,9 @@ import numpy as np
 
 from benchmarks.machine import finish, machine_info
 from configs import quora
-from stackft_jax import sharding, timing
 from stackft_jax.data import batching, task_spec, tasks, tokenization
 from stackft_jax.models import bert
+from stackft_jax.runtime import sharding, timing
 
 REPO = Path(__file__).resolve().parent.parent
 ROWS = (

@@ -18,7 +18,7 @@ casing cue, so expect lower F1 than a cased BERT (README, "Named-entity recognit
 
 import ml_collections
 
-from configs import common
+from stackft_jax.config import config_cli, defaults
 from stackft_jax.data.samples import sample_path
 
 
@@ -54,7 +54,7 @@ PRESETS = {"demo": demo, "mini": mini}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = common.get_config()
+    c = defaults.get_config()
     c.data.task = "conll2003"
     c.model.name_or_path = "bert-base-cased"  # NER needs case: "U.S." vs "us", "Apple" vs "apple"
     c.head.name = "bilstm"
@@ -67,5 +67,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.phase2.num_epochs = 3.0
     c.eval_every_steps = 500
     c.checkpoint_every_steps = 500
-    common.apply_arg(c, arg, PRESETS)
+    config_cli.apply_arg(c, arg, PRESETS)
     return c

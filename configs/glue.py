@@ -10,8 +10,8 @@ to the working directory; or name the files with data.train_file= and data.dev_f
 
 import ml_collections
 
-from configs import common
-from stackft_jax import config_cli
+from stackft_jax.config import config_cli, defaults
+from stackft_jax.runtime.cli_errors import ConfigError
 
 # Per task: metric conventions live in stackft_jax/data/tasks.py; these are training budgets.
 TASK_DEFAULTS = {
@@ -30,18 +30,18 @@ def local(c: ml_collections.ConfigDict) -> None:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = common.get_config()
+    c = defaults.get_config()
     c.model.name_or_path = "bert-base-uncased"
-    items = common.expand_shorthands(arg)
+    items = config_cli.items_of(arg)
     task = dict(i.split("=", 1) for i in items if "=" in i).get("data.task", "sst2")
     if task not in TASK_DEFAULTS:
-        raise config_cli.ConfigError(
+        raise ConfigError(
             f"config key 'data.task' takes one of {sorted(TASK_DEFAULTS)} in configs/glue.py, not {task!r}"
         )
     c.data.task = task
     for key, value in TASK_DEFAULTS[task].items():
-        common.apply_arg(c, f"{key}={value}", {})
+        config_cli.apply_arg(c, f"{key}={value}", {})
     c.eval_every_steps = 200
     c.checkpoint_every_steps = 200
-    common.apply_arg(c, ",".join(items), {"local": local})
+    config_cli.apply_arg(c, ",".join(items), {"local": local})
     return c

@@ -12,7 +12,7 @@ Presets combine with keys: `configs/quora.py:demo,strategy=finetune_only,head=cl
 
 import ml_collections
 
-from configs import common
+from stackft_jax.config import config_cli, defaults
 from stackft_jax.data.samples import sample_path
 
 
@@ -51,7 +51,7 @@ PRESETS = {"demo": demo, "mini": mini}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = common.get_config()
+    c = defaults.get_config()
     c.data.task = "qqp"
     c.model.name_or_path = "bert-base-uncased"
     # Wang et al.: phase 1 at lr 1e-3 until just before the head overfits; phase 2 at 2e-5.
@@ -61,5 +61,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.phase2.num_epochs = 3.0
     c.eval_every_steps = 1000
     c.checkpoint_every_steps = 1000
-    common.apply_arg(c, arg, PRESETS)
+    config_cli.apply_arg(c, arg, PRESETS)
     return c

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import ml_collections
 
-from configs import common
-from stackft_jax import phases
+from stackft_jax.config import config_cli, defaults, phases
 from stackft_jax.data.samples import sample_path
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
@@ -59,7 +58,7 @@ def three_phases(c: ml_collections.ConfigDict) -> None:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = common.get_config()
+    c = defaults.get_config()
     c.model.name_or_path = "embedded:minilm"  # its tokenizer and vocabulary; weights are random
     c.model.init = "random"
     c.model.config_overrides.hidden_size = 32
@@ -82,5 +81,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval_every_steps = 3
     c.checkpoint_every_steps = 2
     c.async_checkpointing = False
-    common.apply_arg(c, arg, {"conll": conll, "three_phases": three_phases})
+    config_cli.apply_arg(c, arg, {"conll": conll, "three_phases": three_phases})
     return c

@@ -27,7 +27,7 @@ attention cost. Longer texts lose their end (`data.truncation=head`) or their mi
 
 import ml_collections
 
-from configs import common
+from stackft_jax.config import config_cli, defaults
 from stackft_jax.data.samples import sample_path
 
 
@@ -65,7 +65,7 @@ PRESETS = {"demo": demo, "mini": mini}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = common.get_config()
+    c = defaults.get_config()
     c.data.task = "yahoo_answers"
     c.data.classes = "society_culture+science_mathematics"
     c.model.name_or_path = "bert-base-uncased"
@@ -77,5 +77,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.phase2.num_epochs = 3.0
     c.eval_every_steps = 100
     c.checkpoint_every_steps = 100
-    common.apply_arg(c, arg, PRESETS)
+    config_cli.apply_arg(c, arg, PRESETS)
     return c

@@ -23,8 +23,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from stackft_jax import cli_errors
-from stackft_jax.experiments import ensemble
+from stackft_jax.experiments import ensembling
+from stackft_jax.runtime import cli_errors
 
 
 @cli_errors.guarded  # a user's mistake: one line and its exit status (cli_errors.py)
@@ -35,14 +35,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--workdirs", required=True, help="finished runs' workdirs, comma-separated")
     parser.add_argument("--out", required=True, help="folder for results.json and predictions/")
     parser.add_argument(
-        "--weights", default="equal", choices=ensemble.WEIGHT_RULES, help="equal, or chosen on dev"
+        "--weights", default="equal", choices=ensembling.WEIGHT_RULES, help="equal, or chosen on dev"
     )
     args = parser.parse_args(argv)
     workdirs = [w for w in args.workdirs.split(",") if w]
-    ensemble.check_out(args.out, workdirs)
-    ensembled = ensemble.ensemble(workdirs, weights=args.weights)
-    results_file = ensemble.write(args.out, ensembled)
-    print(ensemble.table(ensembled))
+    ensembling.check_out(args.out, workdirs)
+    ensembled = ensembling.ensemble(workdirs, weights=args.weights)
+    results_file = ensembling.write(args.out, ensembled)
+    print(ensembling.table(ensembled))
     print(f"weights: {ensembled['weights']}  ({results_file})")
 
 

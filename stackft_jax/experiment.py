@@ -61,8 +61,10 @@ import sys
 
 from absl import app, flags
 
-from stackft_jax import cli_errors, config_cli
+from stackft_jax.config import config_cli
 from stackft_jax.experiments.grid import parse_shard, plan_grid, run_grid, run_states, status_lines
+from stackft_jax.runtime import cli_errors
+from stackft_jax.runtime.cli_errors import ConfigError
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("config", None, "grid config file, FILE.py[:presets,key=value,...]")
@@ -95,7 +97,7 @@ _OVERRIDES: list[str] = []  # the `--config.KEY=VALUE` items, taken out of argv 
 def _parse_flags(argv: list[str]) -> list[str]:
     try:
         _OVERRIDES[:], rest = config_cli.split_override_flags(argv)
-    except config_cli.ConfigError as error:
+    except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(cli_errors.EXIT_USAGE)
     return app.parse_flags_with_usage(rest)
@@ -103,8 +105,8 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 @cli_errors.guarded  # a user's mistake: one line and its exit status (cli_errors.py)
 def main(argv: list[str]) -> None:
-    from stackft_jax import logs
-    from stackft_jax.experiments import report
+    from stackft_jax.experiments import grid_report
+    from stackft_jax.runtime import logs
 
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -127,7 +129,7 @@ def main(argv: list[str]) -> None:
         print(f"shard {FLAGS.shard} finished; the report is written once every shard has")
         return
     # --report_only over an unfinished grid names the missing run
-    print(f"report: {report.write_report(grid, FLAGS.workdir)}")
+    print(f"report: {grid_report.write_report(grid, FLAGS.workdir)}")
 
 
 if __name__ == "__main__":

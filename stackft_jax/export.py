@@ -22,8 +22,9 @@ from pathlib import Path
 
 from absl import app, flags
 
-from stackft_jax import cli_errors, hf_export, trained
-from stackft_jax.cli_errors import UsageError
+from stackft_jax.runtime import cli_errors
+from stackft_jax.runtime.cli_errors import UsageError
+from stackft_jax.trained import hf_export, opening
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "The run's workdir.")
@@ -41,14 +42,14 @@ def main(argv: list[str]) -> None:
         raise UsageError(f"unexpected arguments: {argv[1:]}")
     if not FLAGS.workdir or not FLAGS.out:
         raise UsageError("--workdir and --out are required")
-    from stackft_jax import logs, xla_flags
+    from stackft_jax.runtime import logs, xla_flags
 
     logs.setup()
     xla_flags.apply_cpu_defaults()
-    source = trained.open_workdir(FLAGS.workdir, params=FLAGS.params, phase=FLAGS.phase)
+    source = opening.open_workdir(FLAGS.workdir, params=FLAGS.params, phase=FLAGS.phase)
     written = hf_export.export(source, Path(FLAGS.out), overwrite=FLAGS.overwrite)
     if written is not None:
-        record = json.loads((written / trained.HEAD_CONFIG).read_text())
+        record = json.loads((written / opening.HEAD_CONFIG).read_text())
         print(
             f"{written}: encoder (config.json, model.safetensors, tokenizer), head ({record['params']}), "
             f"transformers task model: {record['transformers_task_model'] or 'none'}"

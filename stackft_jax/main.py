@@ -10,10 +10,9 @@ import sys
 
 from absl import app, flags
 
-from stackft_jax import cli_errors, config_cli
-
-# Config files import `configs.common`; make the checkout they live in importable.
-sys.path.insert(0, os.getcwd())
+from stackft_jax.config import config_cli
+from stackft_jax.runtime import cli_errors
+from stackft_jax.runtime.cli_errors import ConfigError
 
 
 def _env_int(name: str) -> int | None:
@@ -58,7 +57,7 @@ flags.DEFINE_bool(
 def _parse_flags(argv: list[str]) -> list[str]:
     try:
         _OVERRIDES[:], rest = config_cli.split_override_flags(argv)
-    except config_cli.ConfigError as error:
+    except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(cli_errors.EXIT_USAGE)
     return app.parse_flags_with_usage(rest)
@@ -76,12 +75,12 @@ def main(argv: list[str]) -> None:
         return
     if not FLAGS.workdir:
         raise app.UsageError("--workdir is required")
-    from stackft_jax import xla_flags
+    from stackft_jax.runtime import xla_flags
 
     xla_flags.apply_cpu_defaults()  # before JAX starts a backend
     import jax
 
-    from stackft_jax import distributed, logs
+    from stackft_jax.runtime import distributed, logs
 
     if FLAGS.distributed or FLAGS.coordinator_address:
         try:
@@ -94,7 +93,9 @@ def main(argv: list[str]) -> None:
             raise cli_errors.UsageError(str(error)) from None
     logs.setup()
 
-    from stackft_jax import compilation_cache, spec, train
+    from stackft_jax.config import spec
+    from stackft_jax.runtime import compilation_cache
+    from stackft_jax.training import train
 
     # Every check, once, before any work: values out of range or choice, task x head x stop rule,
     # missing files; named in one line, no traceback.

@@ -21,8 +21,9 @@ from pathlib import Path
 
 from absl import app, flags
 
-from stackft_jax import cli_errors, inference
-from stackft_jax.cli_errors import UsageError
+from stackft_jax.runtime import cli_errors
+from stackft_jax.runtime.cli_errors import UsageError
+from stackft_jax.trained import inference
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A run's workdir (python -m stackft_jax.main --workdir=...).")
@@ -55,7 +56,7 @@ def _check_target(flag: str, path: str | None) -> None:
 
 
 def _open_source():
-    from stackft_jax import trained
+    from stackft_jax.trained import opening
 
     if bool(FLAGS.workdir) == bool(FLAGS.model):
         raise UsageError("give one of --workdir (a run) or --model (an export)")
@@ -64,8 +65,8 @@ def _open_source():
             raise UsageError(
                 "--params and --phase choose among a workdir's parameters; an export holds one set"
             )
-        return trained.open_export(FLAGS.model)
-    return trained.open_workdir(FLAGS.workdir, params=FLAGS.params, phase=FLAGS.phase)
+        return opening.open_export(FLAGS.model)
+    return opening.open_workdir(FLAGS.workdir, params=FLAGS.params, phase=FLAGS.phase)
 
 
 @cli_errors.guarded
@@ -74,7 +75,7 @@ def main(argv: list[str]) -> None:
         raise UsageError(f"unexpected arguments: {argv[1:]}")
     if not FLAGS.input or not FLAGS.output:
         raise UsageError("--input and --output are required (- for stdin / stdout)")
-    from stackft_jax import logs, xla_flags
+    from stackft_jax.runtime import logs, xla_flags
 
     logs.setup()
     xla_flags.apply_cpu_defaults()  # before JAX starts a backend
@@ -83,7 +84,8 @@ def main(argv: list[str]) -> None:
     _check_target("output", FLAGS.output)
     _check_target("scores", FLAGS.scores)
     examples = None if FLAGS.input == STDIN else inference.read_input(source.task, Path(FLAGS.input))
-    from stackft_jax import compilation_cache, predictions
+    from stackft_jax.runtime import compilation_cache
+    from stackft_jax.training import prediction_files
 
     compilation_cache.enable(source.run_spec.compilation_cache_dir)
     predictor = inference.Predictor(source, per_device_batch_size=FLAGS.per_device_batch_size)
@@ -97,7 +99,7 @@ def main(argv: list[str]) -> None:
         for record in done.records:
             print(json.dumps(record))
     else:
-        predictions.write(FLAGS.output, done.records)
+        prediction_files.write(FLAGS.output, done.records)
     print(f"{len(done.records)} predictions: {FLAGS.output}", file=sys.stderr)
     if done.scores:
         print("scores: " + " ".join(f"{k}={v:.4f}" for k, v in done.scores.items()), file=sys.stderr)

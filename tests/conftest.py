@@ -8,7 +8,7 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
 # The XLA:CPU flags the command line uses, so tests run the programs users run.
-from stackft_jax import xla_flags  # noqa: E402
+from stackft_jax.runtime import xla_flags  # noqa: E402
 
 xla_flags.apply_cpu_defaults()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -38,7 +38,7 @@ def _run_cli(
 ) -> subprocess.CompletedProcess | subprocess.Popen:
     """`python -m stackft_jax.main --config=CONFIG --workdir=WORKDIR ARGS` from the repository root;
     `kill_at` ("phase1:3") makes the step loop (loop.py) SIGKILL there; `wait=False` returns the Popen."""
-    from stackft_jax import preemption
+    from stackft_jax.training import preemption
 
     env = dict(os.environ)
     env.pop(preemption.KILL_AT_ENV, None)

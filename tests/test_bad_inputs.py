@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from stackft_jax import metrics, train
-from stackft_jax.data import task_spec, tasks, tokenization
+from stackft_jax.data import metrics, task_spec, tasks, tokenization
 from stackft_jax.models import bert
+from stackft_jax.training import train
 
 
 def test_header_only_dev_file_is_refused_at_load(tmp_path):

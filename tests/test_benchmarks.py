@@ -29,8 +29,8 @@ from benchmarks import (
     time_to_result,
     train_speed,
 )
-from stackft_jax import sharding
 from stackft_jax.models import bert, dropout
+from stackft_jax.runtime import sharding
 
 FIXTURE_TRAIN = Path(__file__).resolve().parent / "fixtures" / "qqp" / "train.tsv"
 STATS = {"median_s", "iqr_s", "examples_per_s", "first_call_s", "times_s", "optimizer_state_bytes"}

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import scipy.special
 
-from stackft_jax import calibration
+from stackft_jax.training import calibration
 
 
 def test_ece_by_hand():

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from stackft_jax import checkpointing
+from stackft_jax.training import checkpointing
 
 
 def _params():

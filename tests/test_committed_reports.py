@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from stackft_jax import config_cli
-from stackft_jax.experiments import report
+from stackft_jax.config import config_cli
+from stackft_jax.experiments import grid_report
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -35,6 +35,6 @@ def test_a_committed_report_is_recomputed_from_its_per_run_files(folder, tmp_pat
     copy = tmp_path / "grid"
     shutil.copytree(committed, copy, ignore=shutil.ignore_patterns(*NOT_COMMITTED, "report.*", "figures"))
     grid = config_cli.load(COMMITTED[folder], [], kind="grid")
-    report.write_report(grid, copy)
+    grid_report.write_report(grid, copy)
     for name in ("report.json", "report.md"):
         assert (copy / name).read_text() == (committed / name).read_text(), name

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from stackft_jax import compilation_cache
+from stackft_jax.runtime import compilation_cache
 
 
 def test_a_folder_in_the_config_key_wins_and_none_turns_the_cache_off(monkeypatch, tmp_path):

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from stackft_jax import config_cli
-from stackft_jax.config_cli import ConfigError
+from stackft_jax.config import config_cli
+from stackft_jax.runtime.cli_errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -148,14 +148,15 @@ def test_task_defaults_follow_the_task_however_it_is_chosen():
 def test_a_config_file_that_ignores_its_argument_is_an_error(tmp_path):
     config_file = tmp_path / "forgetful.py"
     config_file.write_text(
-        "from configs import common\n\n\ndef get_config(arg=None):\n    return common.get_config()\n"
+        "from stackft_jax.config import defaults\n\n\n"
+        "def get_config(arg=None):\n    return defaults.get_config()\n"
     )
     for spec, flags in [(f"{config_file}", ["seed=3"]), (f"{config_file}:seed=3", [])]:
         with pytest.raises(ConfigError) as error:
             config_cli.load(spec, flags)
         assert (
             str(error.value)
-            == f"{config_file}: get_config(arg) did not apply 'seed=3'; give arg to common.apply_arg"
+            == f"{config_file}: get_config(arg) did not apply 'seed=3'; give arg to config_cli.apply_arg"
         )
 
 
@@ -330,8 +331,9 @@ QQP_RUN = "docs/grids/paper_qqp_small/runs/strategy=stack_and_finetune-name=bimp
 
 def test_a_committed_run_reruns_from_its_record(monkeypatch):
     """`--config=<run>/config.json` is the run the grid ran (only where it kept its features differs)."""
-    from stackft_jax import spec, workdirs
+    from stackft_jax.config import spec
     from stackft_jax.experiments import grid
+    from stackft_jax.training import workdirs
 
     monkeypatch.chdir(REPO)
     grid_config = config_cli.load("configs/experiments/paper_qqp.py:small", kind="grid")

@@ -11,12 +11,12 @@ import pytest
 from flax import nnx
 
 from configs import tiny
-from stackft_jax import metrics, objectives
-from stackft_jax.data import batching, conll, tasks, tokenization
+from stackft_jax.data import batching, conll, metrics, tasks, tokenization
 from stackft_jax.data.samples import sample_path
 from stackft_jax.data.task_spec import Split, load_split
-from stackft_jax.models import bert, build
+from stackft_jax.models import bert, objectives
 from stackft_jax.models.task_model import TaskModel
+from stackft_jax.training import build
 from tests.test_train import _assert_same_run
 
 TASK = tasks.get_task("conll2003")

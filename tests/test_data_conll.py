@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import seqeval.metrics
 
-from stackft_jax import metrics
-from stackft_jax.data import conll
+from stackft_jax.data import conll, metrics
 from stackft_jax.data.samples import sample_path
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "conll2003"

@@ -6,10 +6,10 @@ from pathlib import Path
 import datasets
 import pytest
 
-from stackft_jax import objectives
 from stackft_jax.data import glue, task_spec, tasks
 from stackft_jax.data.samples import sample_path
 from stackft_jax.data.sentence_task import Example
+from stackft_jax.models import objectives
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -6,7 +6,8 @@ import warnings
 import numpy as np
 import pytest
 
-from stackft_jax import degenerate, metrics
+from stackft_jax.data import metrics
+from stackft_jax.training import degenerate
 
 
 def _classified(predicted: list[int], labels: list[int]) -> tuple[list[dict], dict]:

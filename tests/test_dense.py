@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from stackft_jax import sharding
 from stackft_jax.models.dense import Dense
+from stackft_jax.runtime import sharding
 
 
 def _pair(use_bias: bool, dtype=jnp.float32) -> tuple[Dense, nnx.Linear]:

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from configs import tiny
-from stackft_jax import trained
 from stackft_jax.data.samples import sample_path
 from stackft_jax.models import bert
+from stackft_jax.trained import opening
 from tests import encoders
 from tests.test_export import _check_encoder, _cli
 from tests.test_train import _assert_same_run
@@ -94,7 +94,7 @@ def test_roberta_runs_stack_and_finetune_and_resumes_bit_identically(head, rober
     proc = _cli("export", f"--workdir={uninterrupted}", f"--out={exported}")
     assert proc.returncode == 0, proc.stderr
     assert json.loads((exported / "config.json").read_text())["model_type"] == "roberta"
-    _check_encoder(exported, trained.open_workdir(uninterrupted))
+    _check_encoder(exported, opening.open_workdir(uninterrupted))
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from stackft_jax import config_cli, predictions
-from stackft_jax.experiments import ensemble
+from stackft_jax.config import config_cli
+from stackft_jax.experiments import ensembling
+from stackft_jax.training import prediction_files
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -45,7 +46,7 @@ def _write_run(workdir, name, *, task="qqp", final=None, p1=None, labels=None, k
             }
             for i, (p, label) in enumerate(zip(p1[split], split_labels, strict=True))
         ]
-        predictions.write(predictions.path(workdir, split), records)
+        prediction_files.write(prediction_files.path(workdir, split), records)
     seed = 0 if name == "a" else 1
     # The config a run records (train.run): the members' task, head, strategy and seed are read from it.
     config = config_cli.load(
@@ -69,7 +70,7 @@ def runs(tmp_path):
 
 
 def test_equal_weights_average_the_probabilities(runs, tmp_path):
-    result = ensemble.ensemble(runs)
+    result = ensembling.ensemble(runs)
     # Averaged p1: dev 0.6 0.375 0.6 0.55 -> 1 0 1 1: acc 3/4, F1 (tp 2, fp 1) 0.8; test 0.55 0.2 -> 1 0.
     assert result["ensemble"] == {
         "dev": {"accuracy": 0.75, "f1": pytest.approx(0.8)},
@@ -83,16 +84,18 @@ def test_equal_weights_average_the_probabilities(runs, tmp_path):
     assert [r["prediction"] for r in dev] == [1, 0, 1, 1]
     assert dev[1]["probabilities"] == pytest.approx([0.625, 0.375])
 
-    ensemble.write(tmp_path / "ens", result)
+    ensembling.write(tmp_path / "ens", result)
     written = json.loads((tmp_path / "ens" / "results.json").read_text())
     assert written["ensemble"]["dev"]["accuracy"] == 0.75 and "predictions" not in written
     # The ensemble's prediction files pair with a member's, example by example.
-    pairs = predictions.paired(predictions.path(tmp_path / "ens", "dev"), predictions.path(runs[0], "dev"))
+    pairs = prediction_files.paired(
+        prediction_files.path(tmp_path / "ens", "dev"), prediction_files.path(runs[0], "dev")
+    )
     assert [a["label"] for a, _ in pairs] == DEV_LABELS
 
 
 def test_dev_weights_are_chosen_on_dev_never_on_test(runs):
-    result = ensemble.ensemble(runs, weights="dev")
+    result = ensembling.ensemble(runs, weights="dev")
     # Dev accuracy is 1 exactly for w_a in {0.6, 0.7} (e.g. 0.6: p1 0.66 0.43 0.56 0.48); 0.6 is nearer
     # to equal weights. On test, w_a = 0 would score 1.0; with 0.6 test p1 is 0.48 0.22 -> acc 1/2.
     assert [m["weight"] for m in result["members"]] == [0.6, 0.4]
@@ -102,7 +105,7 @@ def test_dev_weights_are_chosen_on_dev_never_on_test(runs):
 
 
 def test_simplex_grid_covers_every_split_of_ten_tenths():
-    grid = ensemble._simplex_grid(3)
+    grid = ensembling._simplex_grid(3)
     assert grid.shape == (66, 3)
     assert grid.sum(axis=1) == pytest.approx(1.0)
 
@@ -122,25 +125,27 @@ def test_simplex_grid_covers_every_split_of_ten_tenths():
 )
 def test_incompatible_runs_are_refused_naming_the_mismatch(runs, tmp_path, change, message):
     other = _write_run(tmp_path / "other", "b", **change)
-    with pytest.raises(ensemble.EnsembleError) as error:
-        ensemble.ensemble([runs[0], other])
+    with pytest.raises(ensembling.EnsembleError) as error:
+        ensembling.ensemble([runs[0], other])
     assert message.format(b=other) in str(error.value)
 
 
 def test_unfinished_and_regression_runs_are_refused(runs, tmp_path):
     (tmp_path / "unfinished").mkdir()
-    with pytest.raises(ensemble.EnsembleError, match="unfinished: no results.json"):
-        ensemble.ensemble([runs[0], tmp_path / "unfinished"])
+    with pytest.raises(ensembling.EnsembleError, match="unfinished: no results.json"):
+        ensembling.ensemble([runs[0], tmp_path / "unfinished"])
     # The task comes from the run's recorded config (resolved), not from the records' shape.
     regression = _write_run(tmp_path / "stsb", "b", task="stsb")
-    with pytest.raises(ensemble.EnsembleError, match="data.task='stsb', a regression task"):
-        ensemble.ensemble([runs[0], regression])
-    file = predictions.path(runs[1], "dev")
-    predictions.write(file, [{"key": "dev0", "prediction": 2.5, "label": 3.0}])
-    with pytest.raises(ensemble.EnsembleError, match="has no `probabilities`, which the classification run"):
-        ensemble.ensemble(runs)
-    with pytest.raises(ensemble.EnsembleError, match="at least two runs"):
-        ensemble.ensemble(runs[:1])
+    with pytest.raises(ensembling.EnsembleError, match="data.task='stsb', a regression task"):
+        ensembling.ensemble([runs[0], regression])
+    file = prediction_files.path(runs[1], "dev")
+    prediction_files.write(file, [{"key": "dev0", "prediction": 2.5, "label": 3.0}])
+    with pytest.raises(
+        ensembling.EnsembleError, match="has no `probabilities`, which the classification run"
+    ):
+        ensembling.ensemble(runs)
+    with pytest.raises(ensembling.EnsembleError, match="at least two runs"):
+        ensembling.ensemble(runs[:1])
 
 
 def _ensemble_cli(*args):
@@ -170,5 +175,8 @@ def test_ensemble_of_two_real_tiny_runs(uninterrupted, run_cli, tmp_path):
         own = json.loads((workdir / "results.json").read_text())["final"]["dev"]
         assert member["dev"] == {k: own[k] for k in ("accuracy", "f1")}
     assert sum(m["weight"] for m in results["members"]) == pytest.approx(1.0)
-    assert len(predictions.paired(predictions.path(out, "dev"), predictions.path(seed1, "dev"))) == 16
+    assert (
+        len(prediction_files.paired(prediction_files.path(out, "dev"), prediction_files.path(seed1, "dev")))
+        == 16
+    )
     assert "ensemble" in proc.stdout and str(seed1) in proc.stdout

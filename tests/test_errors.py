@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 
 from configs import tiny
-from stackft_jax import cli_errors, config_cli, train, workdirs
+from stackft_jax.config import config_cli
 from stackft_jax.experiments import grid
+from stackft_jax.runtime import cli_errors
+from stackft_jax.runtime.cli_errors import ConfigError
+from stackft_jax.training import train, workdirs
 from tests.test_ensemble import _write_run
 from tests.test_experiment import _grid
 from tests.test_train import _assert_same_run, signal_after_the_first_checkpoint
@@ -50,7 +53,7 @@ def _exit_of(error: BaseException, capsys) -> tuple[int, str]:
 
 
 def test_boundary_maps_mistakes_to_documented_statuses(capsys):
-    assert _exit_of(config_cli.ConfigError("config.seed=-1: no"), capsys) == (
+    assert _exit_of(ConfigError("config.seed=-1: no"), capsys) == (
         2,
         "error: config.seed=-1: no\n",
     )
@@ -108,13 +111,13 @@ def test_a_missing_flag_is_one_line_with_status_2(tmp_path):
     ],
 )
 def test_bad_run_keys_are_named_before_any_work(item, message, tmp_path):
-    with pytest.raises(config_cli.ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message):
         train.run(tiny.get_config(item), tmp_path)
     assert not list(tmp_path.iterdir())
 
 
 def test_a_comma_inside_a_value_is_named_not_blamed_on_a_preset():
-    with pytest.raises(config_cli.ConfigError) as refused:
+    with pytest.raises(ConfigError) as refused:
         config_cli.load("configs/yahoo.py:data.classes=sports,health")
     assert "'data.classes=sports,health': a config value cannot contain a comma" in str(refused.value)
     assert "('data.classes=sports+health')" in str(refused.value) and "unknown preset" not in str(
@@ -232,7 +235,7 @@ def test_another_strategy_on_purpose_starts_over_and_sets_the_old_run_aside(tmp_
 def test_grid_mistakes_fail_before_any_cell_trains(tmp_path, changes, message):
     g = _grid(axes="strategy=finetune_only|stack_only", num_seeds=1)
     g.update(changes)
-    with pytest.raises(config_cli.ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message):
         grid.run_grid(g, tmp_path)
     assert not (tmp_path / "runs").exists() and not (tmp_path / "grid_config.json").exists()
 
@@ -329,7 +332,7 @@ def test_only_abandoned_checkpoint_reads_are_dropped_from_the_output(monkeypatch
     import asyncio
     import types
 
-    from stackft_jax import logs
+    from stackft_jax.runtime import logs
 
     seen = []
     monkeypatch.setattr(sys, "unraisablehook", seen.append)

@@ -7,10 +7,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from stackft_jax import evaluation, sharding
 from stackft_jax.data import glue
 from stackft_jax.data.sentence_task import UNLABELED, Example
 from stackft_jax.data.task_spec import Split
+from stackft_jax.runtime import sharding
+from stackft_jax.training import evaluation
 
 NUM_ROWS = 21
 

@@ -15,9 +15,12 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from stackft_jax import config_cli, degenerate, metrics, predictions, spec
+from stackft_jax.config import config_cli, spec
+from stackft_jax.data import metrics
 from stackft_jax.experiments import cells, grid
-from stackft_jax.experiments import report as grid_report
+from stackft_jax.experiments import grid_report as grid_report
+from stackft_jax.runtime.cli_errors import ConfigError
+from stackft_jax.training import degenerate, prediction_files
 from tests.conftest import REPO
 
 ASO_ITERATIONS = 50  # deepsig's default of 1000 takes half a minute per comparison
@@ -57,13 +60,13 @@ def test_axes_cells_and_their_order():
     ],
 )
 def test_bad_grids_are_named(changes, message):
-    with pytest.raises(config_cli.ConfigError, match=message):
+    with pytest.raises(ConfigError, match=message):
         cells.runs_of(_grid(**changes))
         cells.baseline_of(_grid(**changes))
 
 
 def test_a_bad_key_in_an_axis_fails_before_training(tmp_path):
-    with pytest.raises(config_cli.ConfigError, match="phase1.num_stepz"):
+    with pytest.raises(ConfigError, match="phase1.num_stepz"):
         grid.run_grid(_grid(axes="phase1.num_stepz=1|2", baseline="phase1.num_stepz=1"), tmp_path)
     assert not (tmp_path / "runs").exists()
 
@@ -158,7 +161,7 @@ def test_a_bundled_axis_value_sets_several_keys_and_is_named_by_its_label(tmp_pa
 
 @pytest.mark.parametrize("value", ["frozen:strategy=a,=b", "frozen:=1", "frozen:strategy=a,b"])
 def test_a_malformed_bundle_is_named(value):
-    with pytest.raises(config_cli.ConfigError, match="label:key=value"):
+    with pytest.raises(ConfigError, match="label:key=value"):
         cells.runs_of(_grid(axes=f"method={value}|tuned:strategy=finetune_only", baseline="method=tuned"))
 
 
@@ -199,7 +202,7 @@ def test_pilot_curves_extend_the_paper_grids_runs(task, grid_file, heads):
             reference.per_device_batch_size,
         )
         assert c.phase2.num_steps > reference.phase2.num_steps and c.eval_every_steps < c.phase2.num_steps / 4
-    with pytest.raises(config_cli.ConfigError, match="name a task preset"):
+    with pytest.raises(ConfigError, match="name a task preset"):
         config_cli.load("configs/experiments/pilot.py", [])
 
 
@@ -294,7 +297,7 @@ def test_one_seed_gets_no_seed_level_tests(tmp_path):
 def test_shard_syntax():
     assert grid.parse_shard("1/3") == (1, 3)
     for bad in ("3/3", "1", "-1/2"):
-        with pytest.raises(config_cli.ConfigError, match="--shard"):
+        with pytest.raises(ConfigError, match="--shard"):
             grid.parse_shard(bad)
 
 
@@ -320,7 +323,7 @@ def _write_run(workdir, run: cells.Run, results: dict, records: list[dict]) -> N
     run_dir = workdir / "runs" / run.name
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "results.json").write_text(json.dumps(results))
-    predictions.write(predictions.path(run_dir, "dev"), records)
+    prediction_files.write(prediction_files.path(run_dir, "dev"), records)
     accuracy = results["final"]["dev"]["accuracy"]
     curve = [{"split": "dev", "global_step": s, "accuracy": accuracy} for s in (2, 4)]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve))
@@ -422,7 +425,9 @@ def test_ensemble_cells_on_hand_made_runs(tmp_path):
     assert len(report["comparisons"]) == 3
 
     out = tmp_path / "ensembles" / f"{stacked}-seed0"
-    averaged = [r["probabilities"][1] for r in predictions.read(predictions.path(out, "dev")).values()]
+    averaged = [
+        r["probabilities"][1] for r in prediction_files.read(prediction_files.path(out, "dev")).values()
+    ]
     assert averaged == pytest.approx([0.65, 0.25, 0.6, 0.15])
     text = (tmp_path / "report.md").read_text()
     assert f"| {stacked} | 0.8750 ± 0.1768 |" in text and "`ensembles/<cell>-seed<k>/`" in text
@@ -446,7 +451,7 @@ def test_ensemble_cells_on_hand_made_runs(tmp_path):
     ],
 )
 def test_bad_ensembles_are_named_before_training(tmp_path, ensembles, message):
-    with pytest.raises(config_cli.ConfigError, match=re.escape(message)) as error:
+    with pytest.raises(ConfigError, match=re.escape(message)) as error:
         grid.run_grid(_grid(ensembles=ensembles), tmp_path)
     assert "config key 'ensembles'" in str(error.value)
     assert not (tmp_path / "runs").exists()
@@ -465,7 +470,7 @@ def test_ensembles_need_class_probabilities_and_the_grids_metric(tmp_path, chang
         ensembles="strategy=finetune_only+stack_and_finetune",
     )
     g.update(changes)
-    with pytest.raises(config_cli.ConfigError, match=re.escape(message)):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         grid.run_grid(g, tmp_path)
     assert not (tmp_path / "runs").exists()
 
@@ -497,7 +502,7 @@ def _fake_recorded_run(workdir, g, run: cells.Run, accuracy: float) -> None:
 def _fake_training(monkeypatch, g, workdir) -> list[str]:
     """train.run replaced by one that takes the real workdir lock and writes a finished run's files (so
     the grid logic is tested without training); returns the names of the runs it 'trained'."""
-    from stackft_jax import train, workdirs
+    from stackft_jax.training import train, workdirs
 
     trained = []
 
@@ -526,7 +531,7 @@ def test_a_grid_reuses_the_runs_another_grid_finished_with_the_same_config(monke
     started = second / "runs" / "recipe=ft-seed1"
     started.mkdir(parents=True)  # a run begun here: set aside, not overwritten
     trained = _fake_training(monkeypatch, new, second)
-    with pytest.raises(config_cli.ConfigError, match="not a grid workdir"):
+    with pytest.raises(ConfigError, match="not a grid workdir"):
         grid.run_grid(new, second, reuse_runs_from=[tmp_path])
     assert grid.run_grid(new, second, reuse_runs_from=[first]) is True
     assert trained == ["recipe=sf-seed0", "recipe=sf-seed1", "recipe=so-seed1"]
@@ -548,7 +553,7 @@ def test_a_grid_reuses_the_runs_another_grid_finished_with_the_same_config(monke
 
 
 def test_a_run_another_process_holds_is_not_copied_over(monkeypatch, tmp_path):
-    from stackft_jax import workdirs
+    from stackft_jax.training import workdirs
 
     monkeypatch.chdir(REPO)
     old = _grid(axes="strategy=finetune_only", num_seeds=1, baseline="strategy=finetune_only")
@@ -564,7 +569,7 @@ def test_processes_sharing_a_grid_leave_each_other_their_runs(monkeypatch, tmp_p
     """A run whose workdir lock a live process holds is skipped, not failed: processes over one workdir
     each take the next free run. (train.run is replaced by one that takes the real lock and writes a
     finished run's files, so the test trains nothing.)"""
-    from stackft_jax import workdirs
+    from stackft_jax.training import workdirs
 
     monkeypatch.chdir(REPO)
     g = _grid(axes="strategy=finetune_only|stack_only", num_seeds=1)
@@ -653,7 +658,7 @@ def _scored_run(workdir, run: cells.Run, splits: dict[str, tuple[list, list]], *
     body = {"final": final, "final_params": "last", "phases": [{"phase": "phase2", "steps": 3}]} | results
     (run_dir / "results.json").write_text(json.dumps(body))
     for split, split_records in records.items():
-        predictions.write(predictions.path(run_dir, split), split_records)
+        prediction_files.write(prediction_files.path(run_dir, split), split_records)
     (run_dir / "metrics.jsonl").write_text("")
 
 
@@ -827,7 +832,7 @@ def test_costs_per_cell_and_the_papers_gains(tmp_path):
     assert "| strategy=stack_and_finetune | 2 | 6 | 96 | 10.5 | 21.0 |" in text
     assert "| strategy=stack_and_finetune | strategy=finetune_only | +4.70 | +8.33 [" in text
 
-    with pytest.raises(config_cli.ConfigError, match="no cell is named 'strategy=nope'"):
+    with pytest.raises(ConfigError, match="no cell is named 'strategy=nope'"):
         cells.paper_results(_grid(paper_results="strategy=nope: 1.0"))
 
 
@@ -855,13 +860,13 @@ def test_the_report_needs_only_the_committable_files_of_each_run(tmp_path, caplo
         assert results["train_steps"] == steps
         assert results["examples_seen"] == steps * results["global_batch_size"]
         for split in ("dev", "test"):  # the flags train.run wrote are the ones its prediction files give
-            records = list(predictions.read(predictions.path(run_dir, split)).values())
+            records = list(prediction_files.read(prediction_files.path(run_dir, split)).values())
             flags = degenerate.flags(records, results["final"][split], "classification")
             assert results["degenerate"][split] == flags
         for name in COMMITTABLE:
             (committed / "runs" / run_dir.name / name).parent.mkdir(parents=True, exist_ok=True)
             (committed / "runs" / run_dir.name / name).write_bytes((run_dir / name).read_bytes())
-    last = [r for r in caplog.records if r.name == "stackft_jax.train"][-1]
+    last = [r for r in caplog.records if r.name == "stackft_jax.training.train"][-1]
     flagged = json.loads((full / "runs" / "strategy=stack_and_finetune-seed0" / "results.json").read_text())
     if flagged["degenerate"]["dev"]:  # a degenerate run says so in its last line
         assert last.levelname == "WARNING" and flagged["degenerate"]["dev"][0] in last.getMessage()

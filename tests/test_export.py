@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from stackft_jax import hf_export, spec, trained
-from stackft_jax.models import build
+from stackft_jax.config import spec
+from stackft_jax.trained import hf_export, opening
+from stackft_jax.training import build
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -26,7 +27,7 @@ def _cli(module: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
-def _check_encoder(folder: Path, source: trained.Source) -> None:
+def _check_encoder(folder: Path, source: opening.Source) -> None:
     """AutoModel loads `folder` with no missing or unexpected keys and gives stackft_jax's hidden states."""
     model, info = transformers.AutoModel.from_pretrained(folder, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
@@ -59,11 +60,11 @@ def test_transformers_loads_the_trained_encoder(exported, uninterrupted):
     assert {"config.json", "model.safetensors", "vocab.txt", "head.safetensors", "README.md"} <= {
         p.name for p in exported.iterdir()
     }
-    _check_encoder(exported, trained.open_workdir(uninterrupted))
+    _check_encoder(exported, opening.open_workdir(uninterrupted))
 
 
 def test_head_config_and_model_card(exported, uninterrupted):
-    record = json.loads((exported / trained.HEAD_CONFIG).read_text())
+    record = json.loads((exported / opening.HEAD_CONFIG).read_text())
     results = json.loads((uninterrupted / "results.json").read_text())
     assert (
         record["label_names"] == ["not_duplicate", "duplicate"] and record["strategy"] == "stack_and_finetune"
@@ -131,7 +132,7 @@ def test_a_new_run_starts_from_the_exported_encoder(exported, run_cli, tmp_path)
     assert json.loads((tmp_path / "run" / "results.json").read_text())["task"]["name"] == "sst2"
 
 
-def _random_source(tmp_path: Path, preset: str, **keys) -> tuple[trained.Source, trained.Loaded]:
+def _random_source(tmp_path: Path, preset: str, **keys) -> tuple[opening.Source, opening.Loaded]:
     """The tiny config's model, initialised, as a Source/Loaded pair (no training needed for parity)."""
     sys.path.insert(0, str(REPO))
     from configs import tiny
@@ -144,7 +145,7 @@ def _random_source(tmp_path: Path, preset: str, **keys) -> tuple[trained.Source,
             node = node[parent]
         node[leaf] = value
     run_spec = spec.resolve(config)
-    source = trained.Source(tmp_path, run_spec, False, "last", None, {})
+    source = opening.Source(tmp_path, run_spec, False, "last", None, {})
     model, bert_config = build.build_model(run_spec, run_spec.task, source.model_dir)
     graphdef, state = nnx.split(model)
     params = nnx.to_pure_dict(state)
@@ -152,7 +153,7 @@ def _random_source(tmp_path: Path, preset: str, **keys) -> tuple[trained.Source,
     params = __import__("jax").tree.map(
         lambda x: x + 0.01 * np.arange(x.size).reshape(x.shape) / x.size, params
     )
-    return source, trained.Loaded(graphdef, params, bert_config, "last")
+    return source, opening.Loaded(graphdef, params, bert_config, "last")
 
 
 def test_a_cls_tanh_head_as_wide_as_bert_is_bert_for_sequence_classification(tmp_path):
@@ -213,4 +214,4 @@ def test_minilm_run_exports_to_transformers(run_cli, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = tmp_path / "export"
     assert _cli("export", f"--workdir={tmp_path / 'run'}", f"--out={out}").returncode == 0
-    _check_encoder(out, trained.open_workdir(tmp_path / "run"))
+    _check_encoder(out, opening.open_workdir(tmp_path / "run"))

@@ -14,7 +14,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import tiny
-from stackft_jax import checkpointing, train
+from stackft_jax.training import checkpointing, train
 from tests.test_train import _assert_same_run
 
 

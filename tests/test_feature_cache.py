@@ -14,10 +14,12 @@ import pytest
 from flax import nnx
 
 from configs import tiny
-from stackft_jax import feature_cache, run_params, sharding, steps, train
 from stackft_jax.data import batching, task_spec, tasks, tokenization
-from stackft_jax.models import bert, build
-from stackft_jax.report import RunReport
+from stackft_jax.models import bert
+from stackft_jax.runtime import sharding
+from stackft_jax.trained import run_params
+from stackft_jax.training import build, feature_cache, steps, train
+from stackft_jax.training.run_report import RunReport
 
 # Finer than the tiny config's single bucket (32): the cache is then built at other padded lengths than
 # the training batches use, as it is on real data.

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from configs import glue, tiny
-from stackft_jax import predictions, train
+from stackft_jax.training import prediction_files, train
 
 FIXTURES = tiny.FIXTURES
 WORDS = "the a film plot dog cat runs sleeps good bad funny dull bright quiet park river".split()
@@ -60,7 +60,7 @@ def test_sst2_single_sentence_and_an_unlabelled_test_file(tmp_path):
     results = train.run(config, tmp_path / "run")
     assert set(results["final"]) == {"dev"} and set(results["final"]["dev"]) == {"accuracy", "loss"}
     # Predicted, not scored: keyed by the file's `index` column, without labels.
-    test = list(predictions.read(predictions.path(tmp_path / "run", "test")).values())
+    test = list(prediction_files.read(prediction_files.path(tmp_path / "run", "test")).values())
     assert [r["key"].split("-")[0] for r in test] == ["0", "1", "2"]
     assert all(set(r) == {"key", "prediction", "prediction_name", "probabilities"} for r in test)
 

@@ -15,7 +15,7 @@ import optax
 import pytest
 from flax import nnx
 
-from stackft_jax import objectives
+from stackft_jax.models import objectives
 from stackft_jax.models.features import Features
 from stackft_jax.models.heads import HEADS, default_head_configs, is_linear, tagger
 from stackft_jax.models.heads.pair_ops import split_pair

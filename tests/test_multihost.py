@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stackft_jax import preemption
+from stackft_jax.training import preemption
 from tests.test_train import _assert_same_run
 
 REPO = Path(__file__).resolve().parent.parent

@@ -6,8 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from stackft_jax import objectives
-from stackft_jax.models import crf
+from stackft_jax.models import crf, objectives
 from stackft_jax.models.features import Features
 from stackft_jax.models.word_scores import CrfWordScores, WordLogits
 

@@ -7,7 +7,8 @@ import optax
 import pytest
 
 from configs import tiny
-from stackft_jax import optim, phases
+from stackft_jax.config import phases
+from stackft_jax.training import optim
 
 
 def _params():

@@ -13,11 +13,13 @@ import pytest
 from flax import nnx
 
 from configs import tiny
-from stackft_jax import calibration, checkpointing, config_cli, optim, phases, run_params, spec, train
-from stackft_jax.config_cli import ConfigError
+from stackft_jax.config import config_cli, phases, spec
+from stackft_jax.config.phases import Phase, StopRule
 from stackft_jax.data import tasks
-from stackft_jax.models import bert, build
-from stackft_jax.phases import Phase, StopRule
+from stackft_jax.models import bert
+from stackft_jax.runtime.cli_errors import ConfigError
+from stackft_jax.trained import run_params
+from stackft_jax.training import build, calibration, checkpointing, optim, train
 from tests import encoders
 
 FROZEN_BACKBONE = (("backbone/.*", "frozen"), ("head/.*", "head"))

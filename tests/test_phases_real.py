@@ -8,10 +8,13 @@ import pytest
 from flax import nnx
 
 from configs import quora
-from stackft_jax import objectives, optim, phases, sharding, steps
+from stackft_jax.config import phases
 from stackft_jax.data import batching, task_spec, tasks, tokenization
+from stackft_jax.models import objectives
 from stackft_jax.models.bert import resolve_model_dir
-from stackft_jax.models.build import build_model
+from stackft_jax.runtime import sharding
+from stackft_jax.training import optim, steps
+from stackft_jax.training.build import build_model
 
 pytestmark = pytest.mark.slow
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from stackft_jax import inference, trained
 from stackft_jax.data import conll, glue, tasks, yahoo
 from stackft_jax.data.samples import sample_path
+from stackft_jax.trained import inference, opening
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
@@ -105,10 +105,10 @@ def test_stdin_is_answered_line_by_line(uninterrupted):
 
 
 def test_params_and_phases(uninterrupted):
-    last = trained.open_workdir(uninterrupted)
+    last = opening.open_workdir(uninterrupted)
     assert (last.params, last.phase) == ("last", None)
-    head_only = inference.Predictor(trained.open_workdir(uninterrupted, phase="phase1"))
-    best = inference.Predictor(trained.open_workdir(uninterrupted, params="best"))
+    head_only = inference.Predictor(opening.open_workdir(uninterrupted, phase="phase1"))
+    best = inference.Predictor(opening.open_workdir(uninterrupted, params="best"))
     assert head_only.loaded.which == "phase1 (end)" and best.loaded.which.startswith("best (global step ")
     examples = inference.read_input(last.task, FIXTURES / "qqp" / "dev.tsv")
     a, b = head_only.predict(examples).records, best.predict(examples).records
@@ -129,14 +129,14 @@ def test_unfinished_run_needs_a_phase(uninterrupted, tmp_path):
     with pytest.raises(
         ValueError, match=r"has not finished \(no results.json\).*--phase \(finished: phase1\)"
     ):
-        trained.open_workdir(copy)
+        opening.open_workdir(copy)
     with pytest.raises(ValueError, match="has not finished phase2 yet"):
-        trained.open_workdir(copy, phase="phase2")
-    assert trained.open_workdir(copy, phase="phase1").phase == "phase1"
+        opening.open_workdir(copy, phase="phase2")
+    assert opening.open_workdir(copy, phase="phase1").phase == "phase1"
     with pytest.raises(ValueError, match=r"the run's phases are \['phase1', 'phase2'\]"):
-        trained.open_workdir(copy, phase="phase3")
+        opening.open_workdir(copy, phase="phase3")
     with pytest.raises(FileNotFoundError, match="not a run's workdir"):
-        trained.open_workdir(tmp_path)
+        opening.open_workdir(tmp_path)
 
 
 @pytest.mark.slow

@@ -8,11 +8,14 @@ import pytest
 from flax import nnx
 
 from configs import tiny
-from stackft_jax import objectives, optim, phases, sharding, steps
+from stackft_jax.config import phases
 from stackft_jax.data import batching
 from stackft_jax.data.tasks import get_task
+from stackft_jax.models import objectives
 from stackft_jax.models.bert import resolve_model_dir
-from stackft_jax.models.build import build_model
+from stackft_jax.runtime import sharding
+from stackft_jax.training import optim, steps
+from stackft_jax.training.build import build_model
 
 
 def _step_on(devices, params, graphdef, batch, phase):

@@ -4,12 +4,13 @@ import json
 
 import pytest
 
-from configs import common, tiny
-from stackft_jax import config_cli, phases, spec
+from configs import tiny
+from stackft_jax.config import config_cli, defaults, phases, spec
+from stackft_jax.runtime.cli_errors import ConfigError
 
 
 def test_the_alias_defaults_are_the_config_defaults():
-    config = common.get_config()
+    config = defaults.get_config()
     assert {alias: config[alias].to_dict() for alias in phases.ALIAS_DEFAULTS} == phases.ALIAS_DEFAULTS
 
 
@@ -44,7 +45,7 @@ def test_a_recorded_written_schedule_with_alias_keys_still_resolves():
     """Older versions ignored phase1.* beside config.phases; their records resolve, new configs do not."""
     config = tiny.get_config("three_phases")
     config.phase1.num_steps = 6
-    with pytest.raises(config_cli.ConfigError, match="phases is written, and config.phase1.num_steps=6"):
+    with pytest.raises(ConfigError, match="phases is written, and config.phase1.num_steps=6"):
         spec.resolve(config)
     assert [b.name for b, _ in spec.resolve(config, recorded=True).phase_blocks(2)] == ["head", "top", "all"]
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from stackft_jax import metrics
+from stackft_jax.data import metrics
 from stackft_jax.experiments import statistics
 
 TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG"]

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from stackft_jax import timing
+from stackft_jax.runtime import timing
 
 
 def test_nested_phases_are_counted_once():

@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 
 from configs import quora, tiny
-from stackft_jax import checkpointing, loop, predictions, preemption, report, run_params, sharding, train
 from stackft_jax.data import glue, tasks
-from stackft_jax.models import bert, build
+from stackft_jax.models import bert
+from stackft_jax.runtime import sharding
+from stackft_jax.trained import run_params
+from stackft_jax.training import build, checkpointing, loop, prediction_files, preemption, run_report, train
 
 
 def _final_params(workdir: Path):
@@ -36,7 +38,7 @@ def _assert_same_run(a: Path, b: Path, *, num_dev_examples: int = 16) -> None:
     ]
     assert _eval_records(a) == _eval_records(b)
     # Two runs' prediction files match example by example (and, bit-identical, record by record).
-    pairs = predictions.paired(predictions.path(a, "dev"), predictions.path(b, "dev"))
+    pairs = prediction_files.paired(prediction_files.path(a, "dev"), prediction_files.path(b, "dev"))
     assert len(pairs) == num_dev_examples and all(x == y for x, y in pairs)
     pa, pb = _final_params(a), _final_params(b)
     jax.tree.map(np.testing.assert_array_equal, pa, pb)
@@ -59,14 +61,14 @@ def test_outputs(uninterrupted):
         ("phase2", 6, "dev"),
     }
     # Train scalars, read back: the head moves in both phases, the frozen backbone only in phase 2.
-    scalars = report.train_scalars(uninterrupted)
+    scalars = run_report.train_scalars(uninterrupted)
     phase1_steps = results["phases"][0]["steps"]
     assert [step for step, _ in scalars["loss"]] == list(range(2, 13, 2))  # log_every_steps=2
     assert all(value > 0 for _, value in scalars["update_norm/head"])
     assert [step for step, _ in scalars["update_norm/backbone"]] == list(range(phase1_steps + 2, 13, 2))
     assert all(value > 0 for _, value in scalars["update_norm/backbone"] + scalars["grad_norm/backbone"])
     # The final dev predictions, one record per dev example in file order, agree with the final scores.
-    dev = list(predictions.read(predictions.path(uninterrupted, "dev")).values())
+    dev = list(prediction_files.read(prediction_files.path(uninterrupted, "dev")).values())
     examples = glue.read_qqp(tiny.FIXTURES / "qqp" / "dev.tsv", config_key="data.dev_file")
     assert [r["key"] for r in dev] == [e.key for e in examples] and dev[0]["key"].startswith("1000-")
     assert [r["label"] for r in dev] == [e.label for e in examples]
@@ -211,7 +213,7 @@ def test_single_phase_strategies(strategy, tmp_path):
 def test_final_scoring_reuses_the_last_steps_dev_evaluation(tmp_path, monkeypatch):
     # A phase that ends on a dev evaluation has scored the final parameters already: scoring them again
     # would double the run's largest evaluation cost. Its scores and predictions are the final ones.
-    from stackft_jax import evaluation
+    from stackft_jax.training import evaluation
 
     calls = []
     original = evaluation.Evaluator.evaluate
@@ -227,7 +229,7 @@ def test_final_scoring_reuses_the_last_steps_dev_evaluation(tmp_path, monkeypatc
     assert [c for c in calls if c[0] == "dev"] == [("dev", None)] * 2  # steps 2 and 4; no third
     last_eval = [r for r in _eval_records(tmp_path / "last") if r.get("split") == "dev"][-1]
     assert results["final"]["dev"] == {k: last_eval[k] for k in results["final"]["dev"]}
-    assert len(predictions.read(predictions.path(tmp_path / "last", "dev"))) == 16
+    assert len(prediction_files.read(prediction_files.path(tmp_path / "last", "dev"))) == 16
 
     calls.clear()  # "best" parameters are scored anew (they may come from an earlier step)
     config.final_params = "best"

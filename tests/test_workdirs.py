@@ -10,7 +10,8 @@ import textwrap
 import pytest
 
 from configs import tiny
-from stackft_jax import config_cli, train, workdirs
+from stackft_jax.runtime.cli_errors import ConfigError
+from stackft_jax.training import train, workdirs
 
 
 def test_config_differences_list_changed_added_and_removed_keys():
@@ -60,7 +61,7 @@ def test_a_run_refused_before_any_work_does_not_bind_its_workdir(tmp_path):
     written: the corrected config then runs there without --allow_config_change."""
     bad = tiny.get_config("three_phases,phases.1.num_steps=2")
     bad.phases[1].rules = [("backbone/layers/7/.*", "top"), *bad.phases[1].rules[1:]]
-    with pytest.raises(config_cli.ConfigError, match="matches no parameter"):
+    with pytest.raises(ConfigError, match="matches no parameter"):
         train.run(bad, tmp_path)
     assert not workdirs.holds_progress(tmp_path)
     results = train.run(
@@ -147,7 +148,7 @@ def test_a_killed_process_lock_does_not_block(tmp_path):
                 f"""
                 import time
                 from pathlib import Path
-                from stackft_jax import workdirs
+                from stackft_jax.training import workdirs
                 with workdirs.exclusive(Path({str(tmp_path)!r})):
                     print("locked", flush=True)
                     time.sleep(600)

@@ -2,7 +2,7 @@
 
 import jaxlib
 
-from stackft_jax import xla_flags
+from stackft_jax.runtime import xla_flags
 
 
 def _this_release():

@@ -9,8 +9,7 @@ import datasets
 import numpy as np
 import pytest
 
-from configs import common
-from stackft_jax import config_cli, spec
+from stackft_jax.config import config_cli, defaults, spec
 from stackft_jax.data import task_spec, tasks, tokenization, yahoo
 from stackft_jax.data.samples import sample_path
 from stackft_jax.models import bert
@@ -19,7 +18,7 @@ TWO = ("Society & Culture", "Science & Mathematics")
 
 
 def _data_config(**changes):
-    c = common.get_config()
+    c = defaults.get_config()
     c.data.task = "yahoo_answers"
     for key, value in changes.items():
         c.data[key] = value
@@ -101,7 +100,7 @@ def test_bad_files_are_errors_naming_file_and_line(tmp_path, text, message):
     ],
 )
 def test_bad_data_keys_fail_in_resolve(changes, message):
-    config = common.get_config()
+    config = defaults.get_config()
     config.data.task = "yahoo_answers"
     for key, value in changes.items():
         config.data[key] = value

@@ -28,7 +28,7 @@ two shards on a busy machine, less on a quiet one (the report's cost table gives
 
 import ml_collections
 
-from stackft_jax import config_cli
+from stackft_jax.config import config_cli
 
 
 def small(c: ml_collections.ConfigDict) -> None:

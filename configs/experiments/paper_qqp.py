@@ -35,7 +35,7 @@ can be recomputed and resumed.
 
 import ml_collections
 
-from stackft_jax import config_cli
+from stackft_jax.config import config_cli
 
 
 def short(c: ml_collections.ConfigDict) -> None:

@@ -30,7 +30,7 @@ they took).
 
 import ml_collections
 
-from stackft_jax import config_cli
+from stackft_jax.config import config_cli
 
 
 def small(c: ml_collections.ConfigDict) -> None:

@@ -15,7 +15,8 @@ fine-tuning steps of 16):
 
 import ml_collections
 
-from stackft_jax import config_cli
+from stackft_jax.config import config_cli
+from stackft_jax.runtime.cli_errors import ConfigError
 
 # Per task: its measure and the task network of the feature-extraction side.
 TASKS = {
@@ -51,7 +52,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     presets = {"small": small, **{task: _task_preset(task) for task in TASKS}}
     config_cli.apply_items(c, arg, presets)
     if c.task not in TASKS or c.scale not in ("full", "small"):
-        raise config_cli.ConfigError(
+        raise ConfigError(
             f"config keys 'task' = {c.task!r} / 'scale' = {c.scale!r}: choose a task of {sorted(TASKS)}, "
             "and full or small"
         )

@@ -23,7 +23,7 @@ pass every step and on the 2,000 gap pairs), about 1 core-hour; without the copi
 import ml_collections
 
 from configs.experiments import paper_qqp
-from stackft_jax import config_cli
+from stackft_jax.config import config_cli
 
 _RECIPES = (
     "recipe=finetune_only:strategy=finetune_only"

@@ -20,7 +20,7 @@ The same at 300 fine-tuning steps, where the baseline learns (its cell copied fr
 import ml_collections
 
 from configs.experiments import paper_qqp
-from stackft_jax import config_cli
+from stackft_jax.config import config_cli
 
 
 def small(c: ml_collections.ConfigDict) -> None:

@@ -18,7 +18,8 @@ comes first.
 import ml_collections
 
 from configs.experiments import paper_conll, paper_qqp, paper_yahoo
-from stackft_jax import config_cli
+from stackft_jax.config import config_cli
+from stackft_jax.runtime.cli_errors import ConfigError
 
 
 def qqp(c: ml_collections.ConfigDict) -> None:
@@ -59,5 +60,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.metric = "accuracy"  # the preset's dev metric (conll: entity F1)
     config_cli.apply_items(c, arg, {"qqp": qqp, "conll": conll, "yahoo": yahoo})
     if not c.base:
-        raise config_cli.ConfigError("configs/experiments/pilot.py: name a task preset, e.g. pilot.py:qqp")
+        raise ConfigError("configs/experiments/pilot.py: name a task preset, e.g. pilot.py:qqp")
     return c

@@ -6,7 +6,7 @@ tests: seconds per run.
 
 import ml_collections
 
-from stackft_jax import config_cli
+from stackft_jax.config import config_cli
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

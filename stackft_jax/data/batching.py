@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from stackft_jax.cli_errors import DataError
+from stackft_jax.runtime.cli_errors import DataError
 
 Dataset = dict[str, np.ndarray]
 Batch = dict[str, np.ndarray]

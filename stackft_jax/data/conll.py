@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stackft_jax import metrics, objectives
-from stackft_jax.cli_errors import DataError
-from stackft_jax.data import batching, word_pieces
+from stackft_jax.data import batching, metrics, word_pieces
 from stackft_jax.data.task_spec import Split, TaskSpec, hub_rows
 from stackft_jax.data.text_files import decoded_lines, first_line, json_object
 from stackft_jax.data.word_pieces import NO_DOCUMENT
+from stackft_jax.models import objectives
+from stackft_jax.runtime.cli_errors import DataError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from stackft_jax import objectives
-from stackft_jax.cli_errors import DataError
 from stackft_jax.data.sentence_task import UNLABELED, Example, SentenceTask
 from stackft_jax.data.task_spec import example_key
 from stackft_jax.data.text_files import decoded_lines, first_line
+from stackft_jax.models import objectives
+from stackft_jax.runtime.cli_errors import DataError
 
 _STSB_SCORE_RANGE = (0.0, 5.0)
 

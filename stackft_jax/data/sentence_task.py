@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stackft_jax import metrics, objectives
-from stackft_jax.cli_errors import DataError
-from stackft_jax.data import batching, tokenization
+from stackft_jax.data import batching, metrics, tokenization
 from stackft_jax.data.task_spec import Split, TaskSpec, example_key, hub_rows
 from stackft_jax.data.text_files import json_object
-from stackft_jax.objectives import Objective
+from stackft_jax.models import objectives
+from stackft_jax.models.objectives import Objective
+from stackft_jax.runtime.cli_errors import DataError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stackft_jax.cli_errors import DataError
 from stackft_jax.data import batching, tokenization
-from stackft_jax.objectives import Objective
+from stackft_jax.models.objectives import Objective
+from stackft_jax.runtime.cli_errors import DataError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -12,9 +12,9 @@ Adding a task:
 2. Add one line below. If no head fits its objective's outputs, add a head (models/heads/__init__.py).
 """
 
-from stackft_jax.config_cli import ConfigError
 from stackft_jax.data import conll, glue, yahoo
 from stackft_jax.data.task_spec import TaskSpec
+from stackft_jax.runtime.cli_errors import ConfigError
 
 TASKS: dict[str, TaskSpec] = {
     "qqp": glue.QQP,

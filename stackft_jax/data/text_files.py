@@ -5,7 +5,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from stackft_jax.cli_errors import DataError
+from stackft_jax.runtime.cli_errors import DataError
 
 
 def decoded_lines(path: Path) -> Iterator[str]:

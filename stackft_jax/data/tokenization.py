@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from stackft_jax.models.features import SEGMENT_A
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -17,9 +19,6 @@ if TYPE_CHECKING:
 _CACHE_VERSION = 4  # 4: segment_ids
 # A model folder's files that are not the tokenizer's: everything else there is hashed into cache keys.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack", ".onnx", ".ot", ".pt", ".pth", ".ckpt")
-# `segment_ids` values: the token belongs to the first text, the second text; 0 is neither (special
-# tokens, padding).
-SEGMENT_A, SEGMENT_B = 1, 2
 # Texts per tokenizer call: large enough that the Rust tokenizer's batch parallelism pays off,
 # small enough that the intermediate Python lists stay modest for SST-2-sized splits.
 _CHUNK_SIZE = 8192

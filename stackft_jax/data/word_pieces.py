@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from stackft_jax.data.tokenization import SEGMENT_A
+from stackft_jax.models.features import SEGMENT_A
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

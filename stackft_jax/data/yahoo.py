@@ -28,13 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stackft_jax import objectives
-from stackft_jax.cli_errors import DataError
-from stackft_jax.config_cli import ConfigError
 from stackft_jax.data import batching, tokenization
 from stackft_jax.data.sentence_task import Example, SentenceTask
 from stackft_jax.data.task_spec import example_key
 from stackft_jax.data.text_files import decoded_lines
+from stackft_jax.models import objectives
+from stackft_jax.runtime.cli_errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

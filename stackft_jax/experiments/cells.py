@@ -10,7 +10,7 @@ import re
 
 import ml_collections
 
-from stackft_jax import config_cli
+from stackft_jax.runtime.cli_errors import ConfigError
 
 _AXIS = re.compile(r"^\s*(?P<key>[\w.]+)\s*=\s*(?P<values>[^;]+?)\s*$")
 # A value that sets several keys: `label:key=value,key=value` (the label names it in cells and reports).
@@ -43,11 +43,11 @@ def _value_settings(key: str, value: str, where: str) -> tuple[str, list[str]]:
     bundle = _BUNDLE.match(value)
     if bundle is None:
         if ":" in value and "=" in value:
-            raise config_cli.ConfigError(f"{where}: {value!r} is not `label:key=value,key=value,...`")
+            raise ConfigError(f"{where}: {value!r} is not `label:key=value,key=value,...`")
         return value, [f"{key}={value}"]
     items = [item.strip() for item in bundle["items"].split(",")]
     if any("=" not in item or not item.split("=", 1)[0] for item in items):
-        raise config_cli.ConfigError(f"{where}: {value!r} is not `label:key=value,key=value,...`")
+        raise ConfigError(f"{where}: {value!r} is not `label:key=value,key=value,...`")
     return bundle["label"], items
 
 
@@ -63,15 +63,15 @@ def _parse_axes(axes: str) -> list[tuple[str, list[tuple[str, list[str]]]]]:
         match = _AXIS.match(part)
         where = f"config key 'axes': {part.strip()!r}"
         if match is None:
-            raise config_cli.ConfigError(f"{where} is not `key=value1|value2|...`")
+            raise ConfigError(f"{where} is not `key=value1|value2|...`")
         values = [_value_settings(match["key"], v.strip(), where) for v in match["values"].split("|")]
         labels = [label for label, _ in values]
         if any(not label for label in labels) or len(set(labels)) != len(labels):
-            raise config_cli.ConfigError(f"{where} has an empty or repeated value")
+            raise ConfigError(f"{where} has an empty or repeated value")
         parsed.append((match["key"], values))
     keys = [key for key, _ in parsed]
     if len(set(keys)) != len(keys):
-        raise config_cli.ConfigError(f"config key 'axes' names a key twice: {keys}")
+        raise ConfigError(f"config key 'axes' names a key twice: {keys}")
     return parsed
 
 
@@ -92,7 +92,7 @@ def baseline_of(grid: ml_collections.ConfigDict) -> tuple[str, str]:
     key, _, value = grid.baseline.partition("=")
     axes = dict(parse_axes(grid.axes))
     if key not in axes or value not in axes[key]:
-        raise config_cli.ConfigError(
+        raise ConfigError(
             f"config key 'baseline' = {grid.baseline!r}: expected `key=value` with key an axis and value "
             f"one of its values ({'; '.join(f'{k}={chr(124).join(v)}' for k, v in axes.items())})"
         )
@@ -115,19 +115,17 @@ def _ensemble_specs(grid: ml_collections.ConfigDict) -> list[tuple[str, list[str
         match = _AXIS.match(part)
         where = f"config key 'ensembles': {part.strip()!r}"
         if match is None:
-            raise config_cli.ConfigError(f"{where} is not `key=value1+value2+...`")
+            raise ConfigError(f"{where} is not `key=value1+value2+...`")
         key, values = match["key"], [v.strip() for v in match["values"].split("+")]
         if key not in axes:
-            raise config_cli.ConfigError(f"{where}: {key} is not an axis (axes: {', '.join(axes)})")
+            raise ConfigError(f"{where}: {key} is not an axis (axes: {', '.join(axes)})")
         unknown = [v for v in values if v not in axes[key]]
         if unknown:
-            raise config_cli.ConfigError(
-                f"{where}: {unknown[0]!r} is not a value of axis {key} ({'|'.join(axes[key])})"
-            )
+            raise ConfigError(f"{where}: {unknown[0]!r} is not a value of axis {key} ({'|'.join(axes[key])})")
         if len(set(values)) != len(values) or len(values) < 2:
-            raise config_cli.ConfigError(f"{where}: an ensemble needs two or more different values")
+            raise ConfigError(f"{where}: an ensemble needs two or more different values")
         if "+".join(values) in axes[key] or (key, values) in specs:  # its cell would be another's
-            raise config_cli.ConfigError(f"{where} names a cell that the grid already has")
+            raise ConfigError(f"{where} names a cell that the grid already has")
         specs.append((key, values))
     return specs
 
@@ -157,12 +155,12 @@ GRID_SET_KEYS = ("seed",)
 def check_grid(grid: ml_collections.ConfigDict) -> None:
     """The grid's own keys (not its cells'): seed count, axes over keys the grid sets."""
     if grid.num_seeds < 1:
-        raise config_cli.ConfigError(f"config key 'num_seeds' = {grid.num_seeds}: run at least 1 seed")
+        raise ConfigError(f"config key 'num_seeds' = {grid.num_seeds}: run at least 1 seed")
     for key, values in _parse_axes(grid.axes):
         set_keys = {key} | {item.split("=", 1)[0].strip() for _, items in values for item in items}
         overridden = sorted(set_keys & set(GRID_SET_KEYS))
         if overridden:
-            raise config_cli.ConfigError(
+            raise ConfigError(
                 f"config key 'axes': axis {key} sets {overridden[0]}, which the grid sets itself "
                 f"(seeds 0..num_seeds-1 per cell); raise num_seeds instead"
             )
@@ -179,7 +177,7 @@ def paper_results(grid: ml_collections.ConfigDict) -> dict[str, float]:
         try:
             gains[name.strip()] = float(value)
         except ValueError:
-            raise config_cli.ConfigError(f"{where} is not `<cell name>: <gain in points>`") from None
+            raise ConfigError(f"{where} is not `<cell name>: <gain in points>`") from None
         if name.strip() not in cells and "+" not in name:  # ensembles' cells are named by the report
-            raise config_cli.ConfigError(f"{where}: no cell is named {name.strip()!r}")
+            raise ConfigError(f"{where}: no cell is named {name.strip()!r}")
     return gains

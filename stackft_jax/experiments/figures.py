@@ -1,4 +1,4 @@
-"""The grid report's figures (report.py): figures/metric_by_cell.png, each cell's mean dev metric with
+"""The grid report's figures (grid_report.py): figures/metric_by_cell.png, each cell's mean dev metric with
 its 95% interval over seeds and each seed's score, and figures/dev_curves.png, the dev metric against
 the global step of each cell's first seed, phase boundaries dashed. matplotlib's Agg backend: no
 display needed.
@@ -6,12 +6,19 @@ display needed.
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from stackft_jax.experiments.report import RunResult
+from stackft_jax.experiments.cells import Run
+
+
+class FinishedRun(Protocol):
+    """What the dev curves read of a finished run (grid_report.RunResult has it)."""
+
+    run: Run
+    metrics_file: Path | None
+    results: dict[str, Any]
 
 
 def _dev_curve(metrics_file: Path, metric: str) -> list[tuple[int, float]]:
@@ -24,7 +31,7 @@ def _dev_curve(metrics_file: Path, metric: str) -> list[tuple[int, float]]:
     return points
 
 
-def write(runs: list["RunResult"], report: dict[str, Any], metric: str, out: Path) -> list[Path]:
+def write(runs: list[FinishedRun], report: dict[str, Any], metric: str, out: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")

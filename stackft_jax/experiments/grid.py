@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING
 
 import ml_collections
 
-from stackft_jax import config_cli
+from stackft_jax.config import config_cli
 from stackft_jax.experiments.cells import Ensemble, Run, baseline_of, check_grid, ensembles_of, runs_of
+from stackft_jax.runtime.cli_errors import ConfigError
 
 if TYPE_CHECKING:
-    from stackft_jax.spec import RunSpec
+    from stackft_jax.config.spec import RunSpec
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +41,12 @@ def run_spec(grid: ml_collections.ConfigDict, run: Run, *, recorded: bool = Fals
 
 
 def _resolved(run: Run, config: ml_collections.ConfigDict, *, recorded: bool = False) -> "RunSpec":
-    from stackft_jax import spec
+    from stackft_jax.config import spec
 
     try:
         return spec.resolve(config, recorded=recorded)
     except (ValueError, FileNotFoundError) as error:
-        raise config_cli.ConfigError(f"grid run {run.name}: {error}") from None
+        raise ConfigError(f"grid run {run.name}: {error}") from None
 
 
 def _run_specs(
@@ -75,18 +76,18 @@ def check_ensembles(
 ) -> None:
     """Ensembles average class probabilities and score the task's metrics (ensemble.py): every member
     must run a classification task, one of whose metrics is the grid's `metric`."""
-    from stackft_jax import objectives
+    from stackft_jax.models import objectives
 
     for member in dict.fromkeys(m for e in ensembles for m in e.members):
         task = specs[member].task
         where = f"config key 'ensembles' = {grid.ensembles!r}: grid run {member.name}"
         if task.objective is not objectives.CLASSIFICATION:
-            raise config_cli.ConfigError(
+            raise ConfigError(
                 f"{where} is a {task.objective.name} run (data.task={task.name}); ensembles average class "
                 "probabilities, which only classification runs have"
             )
         if grid.metric not in task.metrics:
-            raise config_cli.ConfigError(
+            raise ConfigError(
                 f"{where}: an ensemble scores {task.name}'s metrics {list(task.metrics)}, not the grid's "
                 f"metric {grid.metric!r}"
             )
@@ -97,7 +98,7 @@ def check_metric(grid: ml_collections.ConfigDict, specs: Mapping[Run, "RunSpec"]
     for run, resolved in specs.items():
         scored = [*resolved.task.metrics, "loss"]  # every run also reports its dev loss
         if grid.metric not in scored:
-            raise config_cli.ConfigError(
+            raise ConfigError(
                 f"config key 'metric' = {grid.metric!r}: grid run {run.name} "
                 f"(data.task={resolved.task.name}) scores {scored}; choose one of those"
             )
@@ -122,7 +123,7 @@ def plan_grid(
     another grid config is refused, naming the differing keys, unless `allow_config_change`."""
     workdir = Path(workdir)
     if "axes" not in grid or "base" not in grid:
-        raise config_cli.ConfigError(
+        raise ConfigError(
             "a run config, not a grid config (no `axes`/`base`): run it with python -m stackft_jax.main"
         )
     check_grid(grid)
@@ -132,7 +133,7 @@ def plan_grid(
     specs = _run_specs(grid, runs, workdir)
     check_metric(grid, specs)
     check_ensembles(grid, ensembles, specs)
-    from stackft_jax import workdirs
+    from stackft_jax.training import workdirs
 
     changed = workdirs.bind_config(
         workdir,
@@ -151,12 +152,12 @@ def binding_form(record: Mapping) -> dict:
     resolves to (spec.binding_form) rather than as written, so that a base spelled otherwise (a preset
     that moved into another file, a key written twice) binds alike when it gives every run the same
     config. A base that no longer resolves (a preset or file gone) is compared as written."""
-    from stackft_jax import spec
+    from stackft_jax.config import spec
 
     grid = dict(record["grid"])
     try:
         base = spec.resolve(config_cli.load(grid["base"], []), recorded=True)
-    except (config_cli.ConfigError, ValueError, KeyError, FileNotFoundError, AttributeError):
+    except (ConfigError, ValueError, KeyError, FileNotFoundError, AttributeError):
         return {"grid": grid}
     grid["base"] = spec.binding_form(base)["config"]
     return {"grid": grid}
@@ -166,7 +167,8 @@ def finished(run_dir: Path, resolved: "RunSpec") -> bool:
     """The run has results, of this spec: its workdir's recorded config binds it as `resolved` would
     (spec.binding_form, as train.run compares them). A grid continued with --allow_config_change reruns
     a run whose cell's config changed: it resumes under the new values, as its workdir records."""
-    from stackft_jax import spec, workdirs
+    from stackft_jax.config import spec
+    from stackft_jax.training import workdirs
 
     if not (run_dir / "results.json").exists():
         return False
@@ -195,7 +197,7 @@ def _finished_runs(sources: list[Path]) -> list[Path]:
     found = []
     for source in sources:
         if not (source / "runs").is_dir():
-            raise config_cli.ConfigError(f"--reuse_runs_from={source}: not a grid workdir (no runs/ in it)")
+            raise ConfigError(f"--reuse_runs_from={source}: not a grid workdir (no runs/ in it)")
         found += sorted(
             d
             for d in (source / "runs").iterdir()
@@ -211,7 +213,7 @@ def reuse_run(plan: GridPlan, run: Run, sources: list[Path]) -> Path | None:
     or None (no such run, or a live process holds this run). The copy is the run's record without its
     checkpoints, naming its source in REUSED_FROM; a started run of this grid's own is set aside beside
     it (`<run>.replaced-<time>`)."""
-    from stackft_jax import workdirs
+    from stackft_jax.training import workdirs
 
     match = next((d for d in _finished_runs(sources) if finished(d, plan.specs[run])), None)
     if match is None:
@@ -254,14 +256,15 @@ def run_grid(
     plan = plan_grid(grid, workdir, allow_config_change=allow_config_change)
     import jax
 
-    from stackft_jax import compilation_cache, train, workdirs
+    from stackft_jax.runtime import compilation_cache
+    from stackft_jax.training import train, workdirs
 
     index, count = shard
     runs, specs = plan.runs, plan.specs
     sources = [Path(s) for s in reuse_runs_from]
     _finished_runs(sources)  # a mistyped source fails before any run
     if sources and jax.process_count() > 1:  # hosts must agree on every run they skip
-        raise config_cli.ConfigError(
+        raise ConfigError(
             "--reuse_runs_from is single-host: the hosts of a multi-host grid would each copy and skip runs "
             "on their own"
         )
@@ -327,5 +330,5 @@ def shard_of(position: int, shards: int) -> int:
 def parse_shard(text: str) -> tuple[int, int]:
     match = re.fullmatch(r"(\d+)/(\d+)", text)
     if match is None or not 0 <= int(match[1]) < int(match[2]):
-        raise config_cli.ConfigError(f"--shard={text}: expected i/N with 0 <= i < N, e.g. --shard=0/2")
+        raise ConfigError(f"--shard={text}: expected i/N with 0 <= i < N, e.g. --shard=0/2")
     return int(match[1]), int(match[2])

@@ -8,9 +8,10 @@ from typing import Any
 
 import ml_collections
 
-from stackft_jax import degenerate, objectives
 from stackft_jax.experiments import statistics as array_statistics
 from stackft_jax.experiments.cells import Run
+from stackft_jax.models import objectives
+from stackft_jax.training import degenerate
 
 TESTS = array_statistics.SEED_TESTS
 
@@ -218,7 +219,7 @@ def render(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
         lines += [
             "",
             f"{floor_name}: "
-            f"{report['majority_baseline']:.4f}. Degenerate runs (stackft_jax/degenerate.py): dev "
+            f"{report['majority_baseline']:.4f}. Degenerate runs (stackft_jax/training/degenerate.py): dev "
             f"predictions {100 * degenerate.ONE_CLASS_SHARE:.0f}% or more one class (`one_class`), F1 0 or "
             "undefined, or "
             "accuracy at or below this baseline.",

@@ -43,9 +43,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from stackft_jax.cli_errors import DataError
 from stackft_jax.models.dense import Dense
 from stackft_jax.models.dropout import Dropout
+from stackft_jax.runtime.cli_errors import DataError
 
 logger = logging.getLogger(__name__)
 

@@ -5,6 +5,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+# `segment_ids` values: the token belongs to the first text, the second text; 0 is neither (special
+# tokens, padding). Tokenization (data/tokenization.py) writes them, the pair heads read them.
+SEGMENT_A, SEGMENT_B = 1, 2
+
 
 class Features(NamedTuple):
     """Backbone outputs plus the batch fields a head needs for masking, sentence splitting and words.

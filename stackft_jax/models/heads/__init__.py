@@ -17,7 +17,6 @@ import difflib
 import ml_collections
 from flax import nnx
 
-from stackft_jax.config_cli import ConfigError
 from stackft_jax.models.heads import (
     bimpm,
     cls_mlp,
@@ -28,7 +27,8 @@ from stackft_jax.models.heads import (
     sim_transformer,
     tagger,
 )
-from stackft_jax.objectives import WORD_TAGGING, Objective
+from stackft_jax.models.objectives import WORD_TAGGING, Objective
+from stackft_jax.runtime.cli_errors import ConfigError
 
 # name -> (function returning the head's default config block, head class)
 HEADS = {

@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from stackft_jax.config_cli import ConfigError
 from stackft_jax.models.dense import Dense
 from stackft_jax.models.dropout import Dropout
 from stackft_jax.models.features import Features
+from stackft_jax.runtime.cli_errors import ConfigError
 
 POOLINGS = ("cls", "mean")
 

@@ -11,8 +11,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from stackft_jax.data.tokenization import SEGMENT_A, SEGMENT_B
-from stackft_jax.models.features import Features
+from stackft_jax.models.features import SEGMENT_A, SEGMENT_B, Features
 
 
 class Sentence(NamedTuple):

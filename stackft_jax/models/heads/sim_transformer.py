@@ -24,13 +24,13 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from stackft_jax.config_cli import ConfigError
 from stackft_jax.models.dense import Dense
 from stackft_jax.models.dropout import Dropout
 from stackft_jax.models.features import Features
 from stackft_jax.models.heads.bimpm import BiMpmMatching
 from stackft_jax.models.heads.pair_ops import split_pair, stack_pair, unstack_pair
 from stackft_jax.models.layers import masked_max, masked_mean
+from stackft_jax.runtime.cli_errors import ConfigError
 
 
 def default_config() -> ml_collections.ConfigDict:

@@ -1,0 +1,365 @@
+"""The configuration as a user writes it: `--config=FILE.py[:preset,key=value,...]` and `--config.KEY=VALUE`.
+
+Both syntaxes go through one parser with one set of types and errors, and the config file's
+`get_config(arg)` sees every item of both, so what a file derives from a key (configs/glue.py's task
+defaults) follows the key however it was set. Order: the file's defaults, then the `:` items left to
+right (presets are functions of the file), then the `--config.` flags left to right; later wins.
+
+Values: booleans take only true/false/1/0/yes/no (any case); ints take integers; floats take numbers
+(finite; also into `placeholder(float)` keys); strings take anything; `none` empties a placeholder.
+A value cannot contain a comma (the `:` list is comma-separated).
+"""
+
+import ast
+import difflib
+import importlib.util
+import inspect
+import io
+import json
+import math
+import re
+import sys
+import tokenize
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+
+from stackft_jax.config import defaults, phases
+from stackft_jax.runtime.cli_errors import ConfigError
+
+SHORTHANDS = {"task": "data.task", "head": "head.name"}
+_BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+OVERRIDE_PREFIX = "--config."
+
+
+def flat_keys(config: ml_collections.ConfigDict, prefix: str = "") -> Iterator[str]:
+    """Every leaf key, dotted; a list of blocks (`config.phases`) by index: `phases.0.num_steps`."""
+    for key, value in config.items():
+        if isinstance(value, ml_collections.ConfigDict):
+            yield from flat_keys(value, f"{prefix}{key}.")
+        elif _is_block_list(value):
+            for i, item in enumerate(value):
+                yield from flat_keys(item, f"{prefix}{key}.{i}.")
+        else:
+            yield f"{prefix}{key}"
+
+
+def _is_block_list(value: Any) -> bool:
+    return isinstance(value, list | tuple) and any(isinstance(v, ml_collections.ConfigDict) for v in value)
+
+
+def to_plain(value: Any) -> Any:
+    """The config as JSON-ready dicts and lists (ConfigDict.to_dict leaves blocks inside lists alone)."""
+    if isinstance(value, ml_collections.ConfigDict):
+        return {key: to_plain(v) for key, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_plain(v) for v in value]
+    return value
+
+
+def _unknown_key(config: ml_collections.ConfigDict, key: str) -> ConfigError:
+    close = difflib.get_close_matches(key, list(flat_keys(config)), n=1, cutoff=0.6)
+    hint = f"; did you mean '{close[0]}'?" if close else " (--show_config lists the keys)"
+    return ConfigError(f"config key '{key}' does not exist{hint}")
+
+
+def _parent_and_leaf(config: ml_collections.ConfigDict, key: str) -> tuple[ml_collections.ConfigDict, str]:
+    *path, leaf = key.split(".")
+    parent = config
+    for part in path:
+        if isinstance(parent, ml_collections.ConfigDict):
+            child = parent.get(part)
+        else:  # a list of blocks, indexed by position (`phases.1.num_steps`)
+            child = parent[int(part)] if part.isdigit() and int(part) < len(parent) else None
+        if _is_block_list(child):
+            parent = child
+            continue
+        if not isinstance(child, ml_collections.ConfigDict):
+            raise _unknown_key(config, key)
+        parent = child
+    if not isinstance(parent, ml_collections.ConfigDict):
+        raise _unknown_key(config, key)
+    if leaf not in parent or isinstance(parent[leaf], ml_collections.ConfigDict):
+        raise _unknown_key(config, key)
+    return parent, leaf
+
+
+def parse_value(key: str, field_type: type, text: str, *, nullable: bool = False) -> Any:
+    """`text` as a value of `field_type` (`none` as None where `nullable`), or a ConfigError naming
+    the key."""
+    if nullable and text.lower() == "none":
+        return None
+    if field_type is bool:
+        if text.lower() not in _BOOLEANS:
+            raise ConfigError(f"config key '{key}' takes true/false/1/0/yes/no, not {text!r}")
+        return _BOOLEANS[text.lower()]
+    if field_type is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"config key '{key}' takes an integer, not {text!r}") from None
+    if field_type is float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):  # nan and inf are typos here, never a setting
+            raise ConfigError(f"config key '{key}' takes a finite number, not {text!r}")
+        return value
+    if field_type is str:
+        return text
+    raise ConfigError(f"config key '{key}' holds a {field_type.__name__}: set it in a config file")
+
+
+def _parse_item(
+    config: ml_collections.ConfigDict, key: str, text: str
+) -> tuple[ml_collections.ConfigDict, str, Any]:
+    """(parent block, leaf name, typed value) of `key=text`."""
+    parent, leaf = _parent_and_leaf(config, key)
+    # Placeholders (`placeholder(float)`: unset until given) are the keys that may be None.
+    nullable = isinstance(parent._fields[leaf], ml_collections.FieldReference)
+    return parent, leaf, parse_value(key, parent.get_type(leaf), text, nullable=nullable)
+
+
+def set_value(config: ml_collections.ConfigDict, key: str, text: str) -> None:
+    parent, leaf, value = _parse_item(config, key, text)
+    parent[leaf] = value
+
+
+def items_of(arg: str | None) -> list[str]:
+    """`demo,task=mrpc,head=esim` -> ["demo", "data.task=mrpc", "head.name=esim"]."""
+    items = []
+    for item in filter(None, (arg or "").split(",")):
+        key, sep, value = item.partition("=")
+        items.append(f"{SHORTHANDS.get(key, key)}={value}" if sep else item)
+    return items
+
+
+def apply_items(
+    config: ml_collections.ConfigDict, arg: str | None, presets: Mapping[str, Callable[[Any], None]]
+) -> None:
+    """Applies `preset,key=value,...` in order; presets are functions that edit the config in place."""
+    previous = None
+    for item in items_of(arg):
+        key, sep, value = item.partition("=")
+        if sep:
+            set_value(config, key, value)
+        elif item in presets:
+            presets[item](config)
+        elif previous is not None and "=" in previous:
+            # `data.classes=sports,health`: the comma split a value, not a list of presets.
+            raise ConfigError(
+                f"'{previous},{item}': a config value cannot contain a comma (the items are comma-"
+                f"separated), and {item!r} is no preset; a list value joins its parts with '+' "
+                f"('{previous}+{item}')"
+            )
+        else:
+            raise ConfigError(f"unknown preset {item!r}; presets of this config file: {sorted(presets)}")
+        previous = item
+
+
+def apply_arg(config: ml_collections.ConfigDict, arg: str | None, presets: dict) -> None:
+    """Applies `name1,key=value,...` from `--config=file.py:<arg>` (and the `--config.` flags, which
+    main.py appends) in order, then locks the config so a typo is an error: what every config file's
+    get_config(arg) ends with."""
+    apply_items(config, arg, presets)
+    config.lock()
+
+
+def split_override_flags(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Separates `--config.KEY=VALUE` flags (returned as `KEY=VALUE` items) from the other arguments."""
+    overrides, rest = [], []
+    for arg in argv:
+        if arg.startswith(OVERRIDE_PREFIX):
+            item = arg[len(OVERRIDE_PREFIX) :]
+            if "=" not in item:
+                raise ConfigError(f"{arg}: write {arg}=VALUE")
+            overrides.append(item)
+        else:
+            rest.append(arg)
+    return overrides, rest
+
+
+# What each command runs, told apart by the grid config's `axes` key: a file given to the other command
+# is named with the command that takes it.
+_COMMANDS = {"run": "python -m stackft_jax.main", "grid": "python -m stackft_jax.experiment"}
+
+
+def _kind_of(config: ml_collections.ConfigDict) -> str:
+    return "grid" if "axes" in config else "run"
+
+
+def load(spec: str, overrides: Sequence[str] = (), *, kind: str | None = None) -> ml_collections.ConfigDict:
+    """`FILE.py[:arg]` plus `KEY=VALUE` overrides -> the locked config (a typo is then an error).
+    `kind` ("run" or "grid"): the config the command takes; a file of the other kind is refused.
+    FILE may also be a run's recorded `config.json` or `results.json` (recorded_run_config)."""
+    path, _, arg = spec.partition(":")
+    if not Path(path).is_file():
+        raise ConfigError(f"--config={spec}: no config file {path!r}")
+    if any("," in item for item in overrides):
+        raise ConfigError(f"a config value cannot contain a comma: {[i for i in overrides if ',' in i]}")
+    if path.endswith(".json"):
+        if kind == "grid":
+            raise ConfigError(f"--config={spec}: a run's record; run it with `{_COMMANDS['run']}`")
+        config = recorded_run_config(Path(path))
+        for item in [*items_of(arg), *overrides]:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ConfigError(
+                    f"--config={spec}: a recorded config has no presets; {item!r} is not key=value"
+                )
+            set_value(config, key, value)
+        config.lock()
+        return config
+    module_spec = importlib.util.spec_from_file_location(f"_stackft_config_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    if not callable(getattr(module, "get_config", None)):
+        raise ConfigError(f"--config={spec}: {path} has no get_config(arg) function; is it a config file?")
+    items = ",".join(filter(None, [arg, *overrides]))
+    try:
+        config = module.get_config(items or None)
+    except ConfigError:
+        if kind is not None:  # a grid's keys given to a run config fail first; name the swap instead
+            _check_kind(module.get_config(None), path, kind)
+        raise
+    if kind is not None:
+        _check_kind(config, path, kind)
+    _check_applied(config, path, items)
+    config.lock()
+    return config
+
+
+def recorded_run_config(path: Path) -> ml_collections.ConfigDict:
+    """The config a run recorded (its workdir's config.json, or results.json's "config"), on today's
+    defaults (config/defaults.py): a key added since takes its default, a key removed since is dropped, so
+    any committed run reruns as it ran (`--config.data.test_file=FILE` to score a test split too)."""
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path}: not JSON ({error})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
+        if isinstance(record, dict) and "grid" in record:
+            raise ConfigError(f"{path}: a grid's record; run the grid with python -m stackft_jax.experiment")
+        raise ConfigError(
+            f'{path}: no "config" object; a run\'s config.json or results.json holds its config'
+        )
+    config = defaults.get_config()
+    overlay_recorded(config, record["config"])
+    for block in [config.phase1, *config.phases]:
+        # Where the recorded run kept its features (a grid's shared folder, perhaps on another machine)
+        # is no part of what it computes: this run keeps its own.
+        block.feature_cache_dir = ""
+    return config
+
+
+def overlay_recorded(target: ml_collections.ConfigDict, recorded: Mapping[str, Any]) -> None:
+    """Writes `recorded`'s values into `target` where `target` has the key; a key `recorded` lacks
+    (added since it was written) keeps `target`'s value, a key `target` lacks (removed) is dropped."""
+    for key, value in recorded.items():
+        if key not in target:
+            continue
+        current = target[key]
+        if isinstance(current, ml_collections.ConfigDict) and isinstance(value, Mapping):
+            overlay_recorded(current, value)
+        elif key == "phases" and isinstance(value, list):
+            target[key] = [_recorded_block(b) for b in value]
+        else:
+            with target.ignore_type():
+                target[key] = tuple(map(tuple, value)) if key == "rules" else value
+
+
+def _recorded_block(plain: Mapping[str, Any]) -> ml_collections.ConfigDict:
+    options = {k: v for k, v in plain.items() if k in phases.BLOCK_DEFAULTS}
+    return phases.block(
+        plain["name"], rules=plain["rules"], learning_rates=plain["learning_rates"], **options
+    )
+
+
+def _check_kind(config: ml_collections.ConfigDict, path: str, kind: str) -> None:
+    found = _kind_of(config)
+    if found != kind:
+        raise ConfigError(
+            f"--config={path} is a {found} config, and this command runs a {kind} config: run it with "
+            f"`{_COMMANDS[found]} --config={path} --workdir=...`"
+        )
+
+
+def _check_applied(config: ml_collections.ConfigDict, path: str, items: str) -> None:
+    """Each `key=value` after the last preset must hold in the result: a config file whose
+    get_config(arg) does not apply its `arg` would otherwise drop them without a word."""
+    listed = items_of(items)
+    after_presets = listed[max((i + 1 for i, item in enumerate(listed) if "=" not in item), default=0) :]
+    for key, text in dict(item.split("=", 1) for item in after_presets).items():
+        parent, leaf, value = _parse_item(config, key, text)
+        if parent[leaf] != value:
+            raise ConfigError(
+                f"{path}: get_config(arg) did not apply '{key}={text}'; give arg to config_cli.apply_arg"
+            )
+
+
+def source_comments(path: Path) -> dict[str, str]:
+    """{name: comment} for each `c.NAME = ...` statement and each `"NAME": value` dict entry of a Python
+    file: the comment ending its last line, else the full-line comments just above it. A dict entry
+    inside a `c.NAME = ...` statement is named NAME.KEY."""
+    source = path.read_text()
+    trailing, full_line = {}, {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            code_before = token.line[: token.start[1]].strip()
+            (trailing if code_before else full_line)[token.start[0]] = token.string.lstrip("# ").rstrip()
+
+    def comment(first_line: int, last_line: int) -> str | None:
+        if last_line in trailing:
+            return trailing[last_line]
+        above, line = [], first_line - 1
+        while line in full_line:
+            above.insert(0, full_line[line])
+            line -= 1
+        return " ".join(above) or None
+
+    found, dict_prefix = {}, {}
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = ast.unparse(node.targets[0])
+            if target.startswith("c."):
+                found[target[2:]] = comment(node.lineno, node.end_lineno)
+                dict_prefix.update(
+                    {id(d): f"{target[2:]}." for d in ast.walk(node.value) if isinstance(d, ast.Dict)}
+                )
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                    found[dict_prefix.get(id(node), "") + key.value] = comment(key.lineno, value.end_lineno)
+    return {name: text for name, text in found.items() if text}
+
+
+def key_comments() -> dict[str, str]:
+    """{key: comment}, each read from where the key's default is set: config/defaults.py, and each head's
+    module for `head.<name>.*`."""
+    from stackft_jax.models.heads import HEADS  # imports flax: only when the comments are wanted
+
+    comments = source_comments(Path(defaults.__file__))
+    # A written phase's keys (`phases.<i>.<key>`), from phases.BLOCK_DEFAULTS.
+    phase_keys = source_comments(Path(__file__).resolve().parent / "phases.py")
+    comments.update({f"phases.{key}": text for key, text in phase_keys.items() if "." not in key})
+    for name, (default_config, _) in HEADS.items():
+        head_comments = source_comments(Path(inspect.getsourcefile(default_config)))
+        comments.update({f"head.{name}.{key}": text for key, text in head_comments.items()})
+    return comments
+
+
+def show(config: ml_collections.ConfigDict, out=None) -> None:
+    """Every key with its value and comment, to `out` (default: stdout)."""
+    out = out or sys.stdout
+    comments = key_comments()
+    for key in flat_keys(config):
+        parent, leaf = _parent_and_leaf(config, key)
+        line = f"{key} = {parent[leaf]!r}"
+        in_phase = re.sub(r"^phases\.\d+\.", "phases.", key)  # phases.<i>.learning_rates.<group> too
+        comment = comments.get(key) or comments.get(in_phase) or comments.get(in_phase.rsplit(".", 1)[0])
+        print(f"{line:<60}  # {comment}" if comment else line, file=out)

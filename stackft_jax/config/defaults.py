@@ -1,0 +1,140 @@
+"""The run defaults every experiment starts from. Task configs (the checkout's configs/*.py, or your own
+file anywhere) call `defaults.get_config()` and change a few keys.
+
+Keys that form the interface (see README, "Configuration"):
+  model.name_or_path         hub id (bert-base-uncased, roberta-base, xlm-roberta-base,
+                             google/electra-base-discriminator, distilbert-base-uncased), local folder,
+                             or "embedded:minilm"
+  data.task                  qqp | mrpc | stsb | sst2 | conll2003 | yahoo_answers
+  data.train_file / dev_file / test_file   local files; unset -> the Hugging Face dataset
+  strategy                   finetune_only | finetune_only_uniform | stack_only | stack_and_finetune |
+                             gradual_unfreezing | lp_ft,
+                             or the name of the schedule written in `phases`
+  phases                     a list of phase blocks (stackft_jax/config/phases.py); empty: the preset
+  seed, max_seq_length, per_device_batch_size (global batch = per-device x device count)
+  phase1.*                   the frozen-backbone phase (stack_only, and phase 1 of stack_and_finetune)
+  phase2.*                   the all-parameters phase (finetune_only, and phase 2 of stack_and_finetune)
+  unfreezing.*               gradual_unfreezing's phases between the head and everything
+Presets: `--config=configs/quora.py:demo,head=cls_mlp,strategy=finetune_only` (comma-separated; a bare
+word names a preset of that file, `key=value` sets a key).
+"""
+
+import ml_collections
+from ml_collections.config_dict import placeholder
+
+from stackft_jax.models.heads import default_head_configs
+
+
+def get_config() -> ml_collections.ConfigDict:
+    # Every key has a comment (`--show_config` prints them): at the end of its line, or just above it.
+    c = ml_collections.ConfigDict()
+    # A preset: finetune_only | finetune_only_uniform | stack_only | stack_and_finetune |
+    # gradual_unfreezing | lp_ft (stackft_jax/config/phases.py); with `phases` written, the name of that
+    # schedule.
+    c.strategy = "stack_and_finetune"
+    # The schedule as a list of phases.block(...) (a config file writes it); []: the preset. Rules
+    # address backbone/embeddings/..., backbone/layers/<i>/..., backbone/pooler/... (BERT, RoBERTa,
+    # XLM-R) and head/...
+    c.phases = []
+    c.seed = 0  # parameter init, data order and dropout
+    c.max_seq_length = 128  # tokens per example; batches are padded to length buckets up to it
+    c.per_device_batch_size = 32  # training batch per device; global batch = this x device count
+    c.eval_per_device_batch_size = 64  # evaluation batch per device (does not change results)
+
+    c.model = ml_collections.ConfigDict()
+    # Hub id or local folder of a BERT, RoBERTa, XLM-R, ELECTRA or DistilBERT (config.json model_type),
+    # or "embedded:minilm"
+    c.model.name_or_path = "bert-base-uncased"
+    c.model.init = "pretrained"  # pretrained | random (name_or_path's config and tokenizer, random weights)
+    c.model.allow_pickle = False  # load pytorch_model.bin (unpickling runs code) when no safetensors
+    c.model.dtype = "float32"  # compute dtype; "bfloat16" on TPU/GPU (parameters stay float32)
+    c.model.scalar_mix = False  # heads see a learned mix of all BERT layers instead of the last
+    c.model.dropout_rate = placeholder(float)  # overrides BERT's hidden/attention dropout when set
+    # Architecture: a non-zero value replaces config.json's (tiny random models for tests; needs
+    # model.init=random).
+    c.model.config_overrides = ml_collections.ConfigDict(
+        {
+            "hidden_size": 0,  # width of every layer; 0: config.json's
+            "num_hidden_layers": 0,  # transformer layers; 0: config.json's
+            "num_attention_heads": 0,  # attention heads per layer; 0: config.json's
+            "intermediate_size": 0,  # feed-forward width; 0: config.json's
+        }
+    )
+
+    c.head = default_head_configs()  # one block of options per head (stackft_jax/models/heads/)
+    c.head.name = "cls_mlp"  # the task head (README: heads)
+    c.head.dropout_rate = 0.1  # dropout inside the head
+
+    c.data = ml_collections.ConfigDict()
+    c.data.task = "qqp"  # qqp | mrpc | stsb | sst2 | conll2003 | yahoo_answers (stackft_jax/data/tasks.py)
+    c.data.train_file = placeholder(str)  # local file; unset: the Hugging Face dataset
+    c.data.dev_file = placeholder(str)  # local file; unset: the Hugging Face dataset
+    c.data.test_file = placeholder(str)  # local file, scored at the end; unset: no test split
+    c.data.cache_dir = placeholder(str)  # tokenized-data cache; default ~/.cache/stackft_jax
+    # Word tagging: fill each window with the neighbouring sentences of the same document (unlabelled).
+    c.data.document_context = False
+    # yahoo_answers: its topics in label order, snake_case names joined by "+" (or "all")
+    c.data.classes = "society_culture+science_mathematics"
+    c.data.dev_fraction = 0.1  # yahoo_answers without data.dev_file: train share held out as dev
+    c.data.truncation = "head"  # yahoo_answers: head (first tokens) | head_tail (first 25% + last 75%)
+
+    c.phase1 = ml_collections.ConfigDict()  # the frozen-backbone phase (stack_only, and s&f's first)
+    c.phase1.learning_rate = 1e-3  # peak learning rate of the head
+    c.phase1.num_steps = 0  # step budget; 0: use num_epochs
+    c.phase1.num_epochs = 1.0  # budget in epochs when num_steps is 0
+    c.phase1.warmup_steps = 0  # linear warm-up steps; 0: use warmup_ratio
+    c.phase1.warmup_ratio = 0.0  # warm-up as a fraction of the budget
+    c.phase1.schedule = "constant"  # constant | warmup_linear | slanted_triangular
+    c.phase1.weight_decay = 0.01  # AdamW decay on kernels and embeddings (never biases, LayerNorm)
+    c.phase1.max_train_dev_gap = 0.02  # stop once train accuracy exceeds dev accuracy by this much
+    c.phase1.gap_eval_examples = 2000  # train examples scored (eval mode) to measure that gap
+    c.phase1.patience_evals = 0  # stop after this many evals without dev improvement; 0: off
+    # With backbone dropout off, the frozen backbone maps each example to the same features at every
+    # step, so `feature_cache` can compute them once and train the head on them (stackft_jax/
+    # feature_cache.py). The head keeps its own dropout either way.
+    c.phase1.backbone_dropout = True  # the frozen backbone runs in training mode (with dropout)
+    c.phase1.feature_cache = False  # needs backbone_dropout=False; files under WORKDIR/feature_cache
+    c.phase1.feature_cache_dtype = "float32"  # or "bfloat16": half the disk and page cache
+    c.phase1.feature_cache_dir = ""  # folder shared by runs; "": WORKDIR's or a grid's; "none": WORKDIR's
+
+    c.phase2 = ml_collections.ConfigDict()  # the all-parameters phase (finetune_only, and s&f's second)
+    c.phase2.backbone_learning_rate = 2e-5  # peak learning rate of BERT
+    # 0: new_head_learning_rate for a head that starts the phase untrained (finetune_only), BERT's rate
+    # for one an earlier phase trained (stack-and-finetune's phase 2); > 0: this rate for the head always.
+    c.phase2.head_learning_rate = 0.0
+    c.phase2.new_head_learning_rate = 1e-3  # a new head's rate (docs/finetune_collapse.md)
+    c.phase2.layerwise_lr_decay = 1.0  # < 1: discriminative learning rates per BERT layer
+    c.phase2.num_steps = 0  # step budget; 0: use num_epochs
+    c.phase2.num_epochs = 3.0  # budget in epochs when num_steps is 0
+    c.phase2.warmup_steps = 0  # linear warm-up steps; 0: use warmup_ratio
+    c.phase2.warmup_ratio = 0.1  # warm-up as a fraction of the budget (BERT: 0.1)
+    c.phase2.schedule = "warmup_linear"  # constant | warmup_linear | slanted_triangular
+    c.phase2.weight_decay = 0.01  # AdamW decay on kernels and embeddings (never biases, LayerNorm)
+    c.phase2.patience_evals = 0  # stop after this many evals without dev improvement; 0: off
+
+    c.unfreezing = ml_collections.ConfigDict()  # gradual_unfreezing: the phases after the head's
+    c.unfreezing.layers_per_phase = 1  # layer groups unfrozen per phase, top down (pooler with the top)
+    c.unfreezing.num_steps = 0  # budget of each phase before the last (which is phase2.*); 0: num_epochs
+    c.unfreezing.num_epochs = 1.0  # ULMFiT unfreezes one layer per epoch
+    # Layer i of L trains at decay**(L - i) of phase2.backbone_learning_rate (Sun et al. 2019: 0.95).
+    c.unfreezing.layerwise_lr_decay = 0.95
+
+    # At the end of each frozen-backbone phase: the head's parameter norm, dev ECE and the train/dev gap
+    # (results.json `phases[i].boundary`), the gap over this many train examples.
+    c.boundary_train_examples = 2000
+    c.calibration = ml_collections.ConfigDict()
+    # Fit one softmax temperature on dev to the final model (Guo et al. 2017); ECE before and after in
+    # results.json `calibration` (classification tasks).
+    c.calibration.temperature = False
+
+    c.final_params = "last"  # what results.json's `final` scores: "last" parameters, or "best" on dev
+    c.max_grad_norm = 1.0  # clip the trainable leaves' global gradient norm to this; 0: off
+    c.log_every_steps = 50  # training loss, gradient norm and examples/s to TensorBoard
+    c.eval_every_steps = 500  # dev evaluation (and the phase-1 stop rules) every this many steps
+    c.checkpoint_every_steps = 500  # periodic checkpoint for resuming
+    c.keep_checkpoints = 2  # periodic checkpoints kept per running phase
+    c.async_checkpointing = True  # write checkpoints in the background while training goes on
+    # Compiled programs on disk, reused by later runs (command line only; runtime/compilation_cache.py).
+    # "auto": $JAX_COMPILATION_CACHE_DIR, else ~/.cache/stackft_jax/jax_compilation_cache; "none": off.
+    c.compilation_cache_dir = "auto"
+    return c

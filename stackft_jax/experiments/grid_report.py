@@ -1,0 +1,481 @@
+"""The report of a finished grid (grid.py, the command experiment.py): what the paper's single numbers lacked.
+
+  per cell        mean, std, min, max and a 95% t-interval over seeds of the grid's `metric` on dev and,
+                  beside it, on test when the runs scored a test file (of the same parameters,
+                  `final_params`); how many of its runs are degenerate, flag by flag (degenerate.py)
+  comparisons     every cell against the baseline cell with the same other axis values, paired by seed:
+                  the per-seed differences in `metric` (dev; test beside it); paired t-test, Wilcoxon
+                  signed-rank and an exact sign-flip test over seeds, each Holm-corrected across the table
+                  (statsmodels), with each test's smallest attainable p at its seed count; almost
+                  stochastic order (deepsig: Dror et al. 2019, epsilon < 0.5 means the cell is better); a
+                  two-level paired bootstrap (seeds, then examples) of `metric` itself, recomputed from the
+                  saved per-example predictions (statistics.py). A comparison by or against a cell with a
+                  degenerate run is marked not `valid`: it is no evidence either way
+  ensembles       the grid's `ensembles`, built from the finished runs (ensemble.py, equal weights) and
+                  written to WORKDIR/ensembles/<cell>-seed<k>/, are cells of their own in the table, the
+                  comparisons and metric_by_cell.png (an axis value `a+b`); they have no dev curve
+  majority class  accuracy of always predicting the most frequent dev label (tag, for tagging), from
+                  the parsed labels of the prediction files; each run's task (classification,
+                  regression, tagging) is its resolved spec's (grid.run_spec), never guessed from them
+  costs           per cell: train steps, training examples seen and wall seconds (results.json)
+  paper layout    the paper's reported gain per cell (the grid's optional `paper_results`, "<cell name>:
+                  <gain in points>; ...") beside the measured gain and its bootstrap interval
+  boundaries      per cell and frozen-backbone phase, what its end recorded: head parameter norm, dev
+                  ECE, train/dev gap (mean and std over seeds)
+  figures         figures/metric_by_cell.png (means with intervals), figures/dev_curves.png (dev metric
+                  against global step, phase boundaries dashed): figures.py
+
+Everything is read from files small enough to commit per run: results.json, predictions/{dev,test}.jsonl,
+metrics.jsonl (and timings.json); no checkpoint. Written to WORKDIR/report.md (markdown.py) and
+WORKDIR/report.json.
+"""
+
+import collections
+import dataclasses
+import functools
+import json
+import math
+import os
+import shutil
+import statistics
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+import numpy as np
+import scipy.stats
+
+from stackft_jax.config import phases
+from stackft_jax.data.task_spec import TaskSpec
+from stackft_jax.experiments import ensembling, figures, markdown
+from stackft_jax.experiments import statistics as array_statistics
+from stackft_jax.experiments.cells import Run, baseline_of, ensembles_of, paper_results, runs_of
+from stackft_jax.experiments.grid import REUSED_FROM, check_ensembles, run_spec
+from stackft_jax.models import objectives
+from stackft_jax.runtime.cli_errors import ConfigError
+from stackft_jax.training import degenerate, prediction_files
+from stackft_jax.training.run_report import json_safe
+
+ASO_ITERATIONS = 1000  # deepsig's default; each costs a few ms
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    run: Run
+    results: dict[str, Any]
+    folder: Path  # results.json and predictions/: the run's workdir, or the ensemble's folder
+    metrics_file: Path | None  # None for an ensemble: no dev curve
+    task: TaskSpec  # the run's task, configured (its spec; an ensemble's members')
+
+    @property
+    def dev_predictions(self) -> Path:
+        return prediction_files.path(self.folder, "dev")
+
+    @functools.cached_property  # build_report asks twice per run
+    def reused_from(self) -> str | None:
+        """The other grid's run this one was copied from (grid.reuse_run), or None: trained here."""
+        file = self.folder / REUSED_FROM
+        return json.loads(file.read_text())["source"] if file.is_file() else None
+
+    def score(self, split: str, metric: str) -> float | None:
+        value = self.results["final"].get(split, {}).get(metric)
+        return None if value is None else float(value)
+
+    @functools.cached_property
+    def _records(self) -> dict[str, list[dict[str, Any]]]:
+        files = {split: prediction_files.path(self.folder, split) for split in self.results["final"]}
+        return {
+            split: list(prediction_files.read(file).values())
+            for split, file in files.items()
+            if file.is_file()
+        }
+
+    def degenerate(self, split: str) -> list[str]:
+        """The split's degenerate flags, recomputed from its prediction file (ensembles and runs from
+        before results.json held them are judged the same way); [] when it was not scored."""
+        records = self._records.get(split)
+        return (
+            []
+            if records is None
+            else degenerate.flags(records, self.results["final"][split], self.task.objective.name)
+        )
+
+
+def load_runs(grid: ml_collections.ConfigDict, workdir: str | Path) -> list[RunResult]:
+    """Every run of the grid, read back with its resolved spec's task; a missing or unfinished run is an
+    error naming it."""
+    loaded = []
+    for run in runs_of(grid):
+        run_dir = Path(workdir) / "runs" / run.name
+        results_file = run_dir / "results.json"
+        if not results_file.exists():
+            raise FileNotFoundError(f"{results_file}: run {run.name} has not finished; rerun the grid")
+        results = json.loads(results_file.read_text())
+        task = run_spec(grid, run, recorded=True).task  # the report needs no data file
+        loaded.append(RunResult(run, results, run_dir, run_dir / "metrics.jsonl", task))
+    return loaded
+
+
+def _write_ensemble(out: Path, ensembled: dict[str, Any]) -> None:
+    # Staged beside and renamed into place file by file: two shards finishing at once may both write it.
+    staging = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    ensembling.write(staging, ensembled)
+    for file in sorted(f for f in staging.rglob("*") if f.is_file()):
+        target = out / file.relative_to(staging)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(file, target)
+    shutil.rmtree(staging)
+
+
+def build_ensembles(grid: ml_collections.ConfigDict, workdir: str | Path) -> list[RunResult]:
+    """Every ensemble of the grid, built from its finished members and written (again, the same) to
+    WORKDIR/ensembles/<cell>-seed<k>/; read back as runs of their own cells."""
+    workdir = Path(workdir)
+    ensembles = ensembles_of(grid)
+    specs = {m: run_spec(grid, m, recorded=True) for e in ensembles for m in e.members}
+    check_ensembles(grid, ensembles, specs)
+    built = []
+    for e in ensembles:
+        try:
+            ensembled = ensembling.ensemble([workdir / "runs" / m.name for m in e.members])
+        except ensembling.EnsembleError as error:
+            raise ConfigError(f"grid ensemble {e.run.name}: {error}") from None
+        out = workdir / "ensembles" / e.run.name
+        _write_ensemble(out, ensembled)
+        results = {"final": ensembled["ensemble"], "members": [m.name for m in e.members]}
+        built.append(RunResult(e.run, results, out, None, specs[e.members[0]].task))
+    return built
+
+
+def _interval(values: list[float]) -> dict[str, float | int | None]:
+    n = len(values)
+    mean = statistics.mean(values)
+    std = statistics.stdev(values) if n > 1 else 0.0
+    low = high = None
+    if n > 1:
+        low, high = (mean, mean)
+        if std > 0:
+            low, high = map(float, scipy.stats.t.interval(0.95, n - 1, loc=mean, scale=std / math.sqrt(n)))
+    return {"n": n, "mean": mean, "std": std, "min": min(values), "max": max(values),
+            "ci95_low": low, "ci95_high": high}  # fmt: skip
+
+
+def _by_type(members: list[RunResult], split: str, metric: str) -> dict[str, dict[str, float]]:
+    """The metric per type, mean and std over the cell's runs, where the runs score one (`f1_PER`, ...:
+    entity F1 per entity type for tagging); {} otherwise."""
+    prefix = f"{metric}_"
+    finals = [m.results["final"].get(split, {}) for m in members]
+    types = sorted({key[len(prefix) :] for final in finals for key in final if key.startswith(prefix)})
+    by_type = {}
+    for kind in types:
+        values = [float(f[prefix + kind]) for f in finals if prefix + kind in f]
+        if len(values) == len(finals):
+            interval = _interval(values)
+            by_type[kind] = {"mean": interval["mean"], "std": interval["std"]}
+    return by_type
+
+
+def cell_statistics(runs: list[RunResult], metric: str) -> list[dict[str, Any]]:
+    by_cell: dict[tuple, list[RunResult]] = collections.defaultdict(list)
+    for r in runs:
+        by_cell[r.run.cell].append(r)
+    cells = []
+    for cell, members in by_cell.items():
+        entry: dict[str, Any] = {"cell": dict(cell), "name": members[0].run.cell_name, "runs": len(members)}
+        for split in ("dev", "test"):
+            scores = (m.score(split, metric) for m in members)
+            values = [v for v in scores if v is not None and math.isfinite(v)]
+            if values:
+                entry[split] = _interval(values)
+            by_type = _by_type(members, split, metric)
+            if by_type:
+                entry[f"{split}_by_type"] = by_type
+            flagged = _flag_counts(members, split)
+            if flagged:
+                entry.setdefault("degenerate", {})[split] = flagged
+        cells.append(entry)
+    return cells
+
+
+COST_MEASURES = ("train_steps", "examples_seen", "wall_time_s")
+TIMINGS_FILE = "timings.json"  # timing.FILE_NAME; importing timing would start jax
+
+
+def _cost(r: RunResult, by_name: dict[str, RunResult]) -> dict[str, float] | None:
+    """What one run cost (results.json; timings.json's total for the wall time of runs from before
+    results.json kept it); an ensemble costs its members together."""
+    if "members" in r.results:
+        parts = [_cost(by_name[name], by_name) for name in r.results["members"]]
+        return None if None in parts else {m: sum(part[m] for part in parts) for m in COST_MEASURES}
+    results = r.results
+    steps = results.get("train_steps", sum(phase["steps"] for phase in results["phases"]))
+    examples = results.get("examples_seen")
+    if examples is None and "global_batch_size" in results:
+        examples = steps * results["global_batch_size"]
+    wall = results.get("wall_time_s")
+    timings = r.folder / TIMINGS_FILE
+    if wall is None and timings.is_file():
+        wall = json.loads(timings.read_text())["total_s"]
+    if examples is None or wall is None:
+        return None
+    return {"train_steps": steps, "examples_seen": examples, "wall_time_s": wall}
+
+
+def cost_statistics(runs: list[RunResult], ensembles: list[RunResult]) -> list[dict[str, Any]]:
+    """Per cell, the mean over seeds of train steps, training examples seen and wall seconds (training
+    and evaluation, every process lifetime), and their sum over seeds."""
+    by_name = {r.run.name: r for r in runs}
+    by_cell: dict[tuple, list[dict]] = collections.defaultdict(list)
+    names = {}
+    for r in runs + ensembles:
+        cost = _cost(r, by_name)
+        names[r.run.cell] = r.run.cell_name
+        if cost is not None:
+            by_cell[r.run.cell].append(cost)
+    rows = []
+    for cell, costs in by_cell.items():
+        row: dict[str, Any] = {"cell": dict(cell), "name": names[cell], "n": len(costs)}
+        for measure in COST_MEASURES:
+            row[measure] = {"mean": statistics.mean(c[measure] for c in costs),
+                            "total": sum(c[measure] for c in costs)}  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+BOUNDARY_MEASURES = ("head_param_norm", "dev_ece")
+
+
+def boundary_statistics(runs: list[RunResult], metric: str, floor: float | None) -> list[dict[str, Any]]:
+    """Per cell and frozen-backbone phase, mean and std over seeds of what its boundary recorded
+    (boundaries.measure): head parameter norm, dev ECE, dev `metric`, train/dev gap in `metric`; and
+    counts of the runs whose phase a rule stopped (`stopped_by_rule`, at its last step too) and whose head
+    left the phase with dev `metric` at or below `floor`, the majority class's (`head_at_floor`: a stop
+    rule that fires there fired on noise, not on overfitting)."""
+    by_phase: dict[tuple, list[dict]] = collections.defaultdict(list)
+    names = {}
+    for r in runs:
+        for phase in r.results["phases"]:
+            if "boundary" in phase:
+                by_phase[(r.run.cell, phase["phase"])].append(
+                    {
+                        **phase["boundary"],
+                        "steps": phase["steps"],
+                        f"dev_{metric}": phase["boundary"].get("dev", {}).get(metric),
+                        "stopped_by_rule": phase.get("stop_reason", phases.budget_reason(phase["steps"]))
+                        != phases.budget_reason(phase["steps"]),
+                    }
+                )
+                names[r.run.cell] = r.run.cell_name
+    rows = []
+    for (cell, phase), boundaries in by_phase.items():
+        row: dict[str, Any] = {"cell": dict(cell), "name": names[cell], "phase": phase, "n": len(boundaries)}
+        for measure in (*BOUNDARY_MEASURES, f"dev_{metric}", f"train_dev_gap_{metric}", "steps"):
+            values = [b[measure] for b in boundaries if b.get(measure) is not None]
+            if values:
+                interval = _interval(values)
+                row[measure] = {key: interval[key] for key in ("n", "mean", "std")}
+        row["stopped_by_rule"] = sum(b["stopped_by_rule"] for b in boundaries)
+        dev = [b[f"dev_{metric}"] for b in boundaries if b[f"dev_{metric}"] is not None]
+        row["head_at_floor"] = (
+            None if floor is None or not dev else sum(degenerate.at_or_below(d, floor) for d in dev)
+        )
+        rows.append(row)
+    return rows
+
+
+TESTS = array_statistics.SEED_TESTS
+ALPHA = 0.05
+
+
+def _flag_counts(runs: list[RunResult], split: str) -> dict[str, int]:
+    """How many of the runs raise each degenerate flag on `split` (degenerate.py)."""
+    counts = collections.Counter(flag for r in runs for flag in r.degenerate(split))
+    return {flag: counts[flag] for flag in degenerate.FLAGS if counts[flag]}
+
+
+def _paired_counts(
+    ours: list[RunResult], theirs: list[RunResult], split: str, metric: str
+) -> tuple[np.ndarray, np.ndarray, Any] | None:
+    """Per-example counts of `metric` [seeds, examples, k] of both sides, paired by example key, and the
+    metric of their totals; None when a side has no labelled `split` predictions or the metric is no
+    function of sums (array_statistics.example_counts)."""
+    cell_counts, baseline_counts, metric_of_totals = [], [], None
+    for a, b in zip(ours, theirs, strict=True):
+        files = [prediction_files.path(r.folder, split) for r in (a, b)]
+        if not all(f.is_file() for f in files):
+            return None
+        pairs = prediction_files.paired(*files)
+        if "label" not in pairs[0][0]:
+            return None
+        tagging = a.task.objective is objectives.WORD_TAGGING
+        x = array_statistics.example_counts([r for r, _ in pairs], metric, tagging=tagging)
+        y = array_statistics.example_counts([r for _, r in pairs], metric, tagging=tagging)
+        if x is None or y is None:
+            return None
+        cell_counts.append(x.counts)
+        baseline_counts.append(y.counts)
+        metric_of_totals = x.metric
+    return np.stack(cell_counts), np.stack(baseline_counts), metric_of_totals
+
+
+def _bootstrap(ours: list[RunResult], theirs: list[RunResult], split: str, metric: str) -> dict | None:
+    paired = _paired_counts(ours, theirs, split, metric)
+    if paired is None:
+        return None
+    return array_statistics.two_level_bootstrap(*paired)
+
+
+def _seed_tests(ours: list[float], theirs: list[float], aso_iterations: int) -> dict[str, float | None]:
+    from deepsig import aso
+
+    differences = [a - b for a, b in zip(ours, theirs, strict=True)]
+    tests: dict[str, float | None] = {f"{t}_p": None for t in TESTS} | {"aso_epsilon": None}
+    # Seed-level tests need pairs: one seed would give Wilcoxon p = 1 and ASO 0 (not evidence).
+    if len(ours) < 2:
+        return tests
+    if len(set(differences)) > 1:
+        tests["t_test_p"] = float(scipy.stats.ttest_rel(ours, theirs).pvalue)
+    if any(differences):
+        tests["wilcoxon_p"] = float(scipy.stats.wilcoxon(ours, theirs).pvalue)
+        tests["sign_flip_p"] = array_statistics.sign_flip_test(differences, "greater")
+    tests["aso_epsilon"] = float(
+        aso(ours, theirs, seed=0, show_progress=False, num_bootstrap_iterations=aso_iterations)
+    )
+    return tests
+
+
+def comparisons(
+    runs: list[RunResult], grid: ml_collections.ConfigDict, *, aso_iterations: int = ASO_ITERATIONS
+) -> list[dict[str, Any]]:
+    """Every cell against the baseline cell with the same other axis values, paired by seed: the
+    reported metric's per-seed differences, seed-level tests, and a two-level bootstrap (dev; test when
+    both sides scored it). A comparison by or against a cell with a degenerate run is not `valid`."""
+    from statsmodels.stats.multitest import multipletests
+
+    key, base_value = baseline_of(grid)
+    by_cell_seed = {(r.run.cell, r.run.seed): r for r in runs}
+    rows = []
+    for cell in dict.fromkeys(r.run.cell for r in runs):
+        values = dict(cell)
+        if values[key] == base_value:
+            continue
+        baseline_cell = tuple((k, base_value if k == key else v) for k, v in cell)
+        seeds = sorted(s for (c, s) in by_cell_seed if c == cell and (baseline_cell, s) in by_cell_seed)
+        # A seed whose metric is undefined on either side (F1 without gold positives) pairs nothing.
+        seeds = [
+            s
+            for s in seeds
+            if None not in (by_cell_seed[c, s].score("dev", grid.metric) for c in (cell, baseline_cell))
+        ]
+        if not seeds:  # nothing to pair: the cell table shows its metric as undefined
+            continue
+        ours_runs = [by_cell_seed[cell, s] for s in seeds]
+        theirs_runs = [by_cell_seed[baseline_cell, s] for s in seeds]
+        ours = [r.score("dev", grid.metric) for r in ours_runs]
+        theirs = [r.score("dev", grid.metric) for r in theirs_runs]
+        differences = [a - b for a, b in zip(ours, theirs, strict=True)]
+        flagged = {"cell": _flag_counts(ours_runs, "dev"), "baseline": _flag_counts(theirs_runs, "dev")}
+        row: dict[str, Any] = {
+            "cell": values,
+            "baseline": dict(baseline_cell),
+            "seeds": seeds,
+            "per_seed": differences,
+            "mean_difference": statistics.mean(differences),
+            "degenerate": flagged,
+            "valid": not flagged["cell"] and not flagged["baseline"],
+            **_seed_tests(ours, theirs, aso_iterations),
+            "bootstrap": _bootstrap(ours_runs, theirs_runs, "dev", grid.metric),
+        }
+        test_scores = [(a.score("test", grid.metric), b.score("test", grid.metric))
+                       for a, b in zip(ours_runs, theirs_runs, strict=True)]  # fmt: skip
+        if seeds and all(a is not None and b is not None for a, b in test_scores):
+            row["test_mean_difference"] = statistics.mean(a - b for a, b in test_scores)
+            row["test_bootstrap"] = _bootstrap(ours_runs, theirs_runs, "test", grid.metric)
+        rows.append(row)
+    for test in TESTS:
+        tested = [row for row in rows if row[f"{test}_p"] is not None]
+        if tested:
+            corrected = multipletests([row[f"{test}_p"] for row in tested], method="holm")[1]
+            for row, p in zip(tested, corrected, strict=True):
+                row[f"{test}_p_holm"] = float(p)
+        for row in rows:  # what the test could show at this row's seed count, in this Holm family
+            n = len(row["seeds"])
+            row.setdefault("smallest_p", {})[test] = array_statistics.smallest_p(test, n)
+            row.setdefault("can_reach_alpha", {})[test] = array_statistics.can_reach(
+                test, n, max(1, len(tested)), alpha=ALPHA
+            )
+    return rows
+
+
+def majority_floor(run: RunResult, metric: str) -> tuple[float | None, float | None]:
+    """Always predicting the most frequent dev label (tagging: tag), from the parsed labels of the run's
+    dev predictions: its accuracy (the floor degenerate.py flags runs against) and the report's `metric`
+    of it, the same floor in the unit the table shows (all-`O` entity F1 is 0); (None, None) for
+    regression, and None for a metric that is no function of counts."""
+    if run.task.objective is objectives.REGRESSION:
+        return None, None
+    tagging = run.task.objective is objectives.WORD_TAGGING
+    records = list(prediction_files.read(run.dev_predictions).values())
+    labels = [tag for r in records for tag in (r["label"] if tagging else [r["label"]])]
+    majority = collections.Counter(labels).most_common(1)[0][0]
+    constant = [{**r, "prediction": [majority] * len(r["label"]) if tagging else majority} for r in records]
+    counts = array_statistics.example_counts(constant, metric, tagging=tagging)
+    return degenerate.majority_share(labels), None if counts is None else array_statistics.metric_of(counts)
+
+
+def build_report(
+    grid: ml_collections.ConfigDict, workdir: str | Path, *, aso_iterations: int = ASO_ITERATIONS
+) -> dict[str, Any]:
+    runs = load_runs(grid, workdir)
+    ensembles = build_ensembles(grid, workdir)
+    majority, floor = majority_floor(runs[0], grid.metric)
+    return {
+        "grid": grid.to_dict(),
+        "runs": [
+            {
+                "name": r.run.name,
+                "cell": dict(r.run.cell),
+                "seed": r.run.seed,
+                "final": r.results["final"],
+                "degenerate": {split: r.degenerate(split) for split in r.results["final"]},
+                **({"reused_from": r.reused_from} if r.reused_from else {}),
+            }
+            for r in runs
+        ],
+        "ensembles": [
+            {
+                "name": e.run.name,
+                "cell": dict(e.run.cell),
+                "seed": e.run.seed,
+                "members": e.results["members"],
+                "final": e.results["final"],
+                "degenerate": {split: e.degenerate(split) for split in e.results["final"]},
+            }
+            for e in ensembles
+        ],
+        "final_params": sorted({r.results.get("final_params", "last").split(" ")[0] for r in runs}),
+        "cells": cell_statistics(runs + ensembles, grid.metric),
+        "comparisons": comparisons(runs + ensembles, grid, aso_iterations=aso_iterations),
+        "costs": cost_statistics(runs, ensembles),
+        "paper_results": paper_results(grid),
+        "boundaries": boundary_statistics(runs, grid.metric, floor),
+        "objective": runs[0].task.objective.name,
+        "majority_baseline": majority,
+        "majority_in_metric": floor,
+    }
+
+
+def write_report(
+    grid: ml_collections.ConfigDict, workdir: str | Path, *, aso_iterations: int = ASO_ITERATIONS
+) -> Path:
+    """report.json, report.md and the figures; returns report.md's path."""
+    workdir = Path(workdir)
+    report = build_report(grid, workdir, aso_iterations=aso_iterations)
+    figures.write(load_runs(grid, workdir), report, grid.metric, workdir / "figures")
+    # tmp file + rename: two shards finishing at once may both write the (same) report.
+    for name, text in (("report.json", json.dumps(json_safe(report), indent=2) + "\n"),
+                       ("report.md", markdown.render(grid, report))):  # fmt: skip
+        tmp = workdir / f"{name}.{os.getpid()}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, workdir / name)
+    return workdir / "report.md"

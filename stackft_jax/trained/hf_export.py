@@ -1,0 +1,275 @@
+"""A trained model (trained.py) written as a folder that transformers and PyTorch load: the encoder in
+Hugging Face layout, the head, a transformers task model where one is exact, a model card. The command
+and the folder's layout: export.py.
+"""
+
+import copy
+import json
+import os
+import shutil
+from fnmatch import fnmatch
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stackft_jax.runtime.cli_errors import UsageError, refuse_to_replace
+from stackft_jax.trained import opening
+
+TASK_MODEL_DIR = "transformers_task_model"
+# transformers' class-name stem per config.json model_type.
+_CLASS_STEMS = {
+    "bert": "Bert",
+    "roberta": "Roberta",
+    "xlm-roberta": "XLMRoberta",
+    "electra": "Electra",
+    "distilbert": "DistilBert",
+}
+_TOKENIZER_FILES = (
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "sentencepiece.bpe.model",
+    "spiece.model",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+)
+
+
+def hf_config(model_dir: Path, bert_config, architecture: str) -> dict[str, Any]:
+    """The encoder's config.json: the run's model folder's, with the run's architecture and dropout."""
+    config = json.loads((model_dir / "config.json").read_text())
+    family = bert_config.family
+    own_keys = {ours: theirs for theirs, ours in family.config_keys.items()}
+    for field, value in vars(bert_config).items():
+        if field == "embedding_size" and value is None:
+            continue
+        if field == "sinusoidal_positions" and field not in own_keys:
+            continue
+        if field == "type_vocab_size" and bert_config.model_type == "distilbert":
+            continue
+        config[own_keys.get(field, field)] = value
+    config["architectures"] = [architecture]
+    config.pop("torch_dtype", None)
+    config["dtype"] = "float32"
+    return config
+
+
+def transformers_task_model(source: opening.Source, loaded: opening.Loaded) -> tuple[str, dict, dict] | str:
+    """(class name, extra config.json keys, tensors) of the transformers class the run's model is
+    exactly, or why there is none."""
+    run_spec, task, bert_config = source.run_spec, source.task, loaded.bert_config
+    stem, family = _CLASS_STEMS[bert_config.model_type], bert_config.family
+    if run_spec.model.scalar_mix:
+        return "the head reads a learned mix of all layers (model.scalar_mix), no transformers class does"
+    backbone = {k: v for k, v in loaded.params["backbone"].items()}
+    head = loaded.params["head"]["net"]
+    names = list(getattr(task, "prediction_names", None) or task.output_names)
+    labels = {"id2label": dict(enumerate(names)), "label2id": {n: i for i, n in enumerate(names)}}
+    name = run_spec.head.name
+    from stackft_jax.models import bert, heads
+
+    def linear(prefix: str, node: dict) -> dict:
+        return {
+            f"{prefix}.weight": np.ascontiguousarray(np.asarray(node["kernel"], np.float32).T),
+            f"{prefix}.bias": np.asarray(node["bias"], np.float32),
+        }
+
+    if task.objective.name == "word_tagging":
+        if not heads.is_linear(run_spec.head):
+            return f"head {name!r} is more than one dense layer on the words; *ForTokenClassification is one"
+        body = bert.to_hf_weights({**backbone, "pooler": None}, bert_config)
+        tensors = {family.prefix + k: v for k, v in body.items()} | linear("classifier", head["output"])
+        return f"{stem}ForTokenClassification", labels, tensors
+    if name != "cls_mlp" or run_spec.head.cls_mlp.hidden_dim != bert_config.hidden_size:
+        return (
+            f"head {name!r} has no transformers class: only cls_mlp with hidden_dim = hidden_size "
+            f"({bert_config.hidden_size}) is BertForSequenceClassification's pooler + classifier"
+        )
+    problem = "regression" if task.objective.name == "regression" else "single_label_classification"
+    extra = {**labels, "problem_type": problem}
+    if bert_config.model_type == "bert":
+        body = bert.to_hf_weights({**backbone, "pooler": head["hidden"]}, bert_config)
+        tensors = {family.prefix + k: v for k, v in body.items()} | linear("classifier", head["output"])
+        return f"{stem}ForSequenceClassification", extra, tensors
+    if bert_config.model_type in ("roberta", "xlm-roberta"):
+        body = bert.to_hf_weights({**backbone, "pooler": None}, bert_config)
+        tensors = (
+            {family.prefix + k: v for k, v in body.items()}
+            | linear("classifier.dense", head["hidden"])
+            | linear("classifier.out_proj", head["output"])
+        )
+        return f"{stem}ForSequenceClassification", extra, tensors
+    return f"{stem}ForSequenceClassification's head is not a tanh MLP on the first token"
+
+
+def _copy_tokenizer(model_dir: Path, folder: Path) -> None:
+    for path in sorted(model_dir.iterdir()):
+        if path.is_file() and any(fnmatch(path.name, pattern) for pattern in _TOKENIZER_FILES):
+            shutil.copy2(path, folder / path.name)
+
+
+def _export_config(source: opening.Source) -> dict[str, Any]:
+    """The run's config as predict and new runs rebuild the model from the export: the encoder is the
+    folder's (config.json holds any architecture override)."""
+    plain = copy.deepcopy(source.run_spec.raw)  # the run's whole config, as results.json records it
+    plain["model"]["name_or_path"] = "."  # the export folder itself (opening.open_export)
+    plain["model"]["init"] = "pretrained"
+    plain["model"]["config_overrides"] = dict.fromkeys(plain["model"]["config_overrides"], 0)
+    return plain
+
+
+def write(
+    source: opening.Source, loaded: opening.Loaded, folder: Path, *, name: str | None = None
+) -> dict[str, Any]:
+    """Writes the export's files into the (empty) `folder`; returns head_config.json's contents. `name`:
+    the folder's name once in place (the model card's commands use it), `folder`'s own by default."""
+    from safetensors.numpy import save_file
+
+    from stackft_jax.models import bert
+
+    stem = _CLASS_STEMS[loaded.bert_config.model_type]
+    config = hf_config(source.model_dir, loaded.bert_config, f"{stem}Model")
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    save_file(
+        bert.to_hf_weights(loaded.params["backbone"], loaded.bert_config), str(folder / "model.safetensors")
+    )
+    _copy_tokenizer(source.model_dir, folder)
+    head = {
+        k: np.ascontiguousarray(np.asarray(v, np.float32))
+        for k, v in opening.flat_head(loaded.params["head"]).items()
+    }
+    save_file(head, str(folder / opening.HEAD_WEIGHTS))
+    task_model = transformers_task_model(source, loaded)
+    if isinstance(task_model, tuple):
+        architecture, extra, tensors = task_model
+        sub = folder / TASK_MODEL_DIR
+        sub.mkdir()
+        (sub / "config.json").write_text(
+            json.dumps({**hf_config(source.model_dir, loaded.bert_config, architecture), **extra}, indent=2)
+            + "\n"
+        )
+        save_file(tensors, str(sub / "model.safetensors"))
+        _copy_tokenizer(source.model_dir, sub)
+    results = source.results or {}
+    describe = source.task.describe()
+    head = source.run_spec.head  # the chosen head's block only
+    record = {
+        "format": "stackft_jax export 1",
+        "source": str(source.path.absolute()),
+        "params": loaded.which,
+        "task": describe,
+        "label_names": list(getattr(source.task, "prediction_names", None) or source.task.output_names),
+        "tag_scheme": describe.get("tag_scheme"),
+        "head": {"name": head.name, **head[head.name].to_dict()},
+        "strategy": source.run_spec.strategy,
+        "phases": [
+            {k: r.get(k) for k in ("phase", "steps", "stop_reason", "learning_rates")}
+            for r in results.get("phases", [])
+        ],
+        "final": results.get("final"),
+        "transformers_task_model": task_model[0] if isinstance(task_model, tuple) else None,
+        "transformers_task_model_why_not": None if isinstance(task_model, tuple) else task_model,
+        "config": _export_config(source),
+        # What opening.open_export hands on as the run's results (predict's record of where it came from).
+        "run": {
+            "final_params": loaded.which,
+            "final": results.get("final"),
+            "phases": results.get("phases", []),
+        },
+    }
+    (folder / opening.HEAD_CONFIG).write_text(json.dumps(record, indent=2) + "\n")
+    (folder / "README.md").write_text(model_card(record, name or folder.name))
+    return record
+
+
+def model_card(record: dict[str, Any], name: str) -> str:
+    config, task = record["config"], record["task"]
+    data = config["data"]
+    files = ", ".join(f"{k}={data[k]}" for k in ("train_file", "dev_file", "test_file") if data.get(k))
+    final = record["final"] or {}
+    scores = "\n".join(
+        f"| {split} | " + ", ".join(f"{k} {v:.4f}" for k, v in values.items()) + " |"
+        for split, values in final.items()
+    )
+    phases = "\n".join(
+        f"- {p['phase']}: {p['steps']} steps, stopped at {p['stop_reason']}" for p in record["phases"]
+    )
+    task_model = record["transformers_task_model"]
+    transformers_head = (
+        f"`{TASK_MODEL_DIR}/` holds the whole model as `{task_model}`:\n\n```python\n"
+        f"from transformers import AutoModelFor{task_model.split('For')[1]}, AutoTokenizer\n"
+        f'model = AutoModelFor{task_model.split("For")[1]}.from_pretrained("{name}/{TASK_MODEL_DIR}")\n```\n'
+        if task_model
+        else f"No transformers class holds this head ({record['transformers_task_model_why_not']}); "
+        "`head.safetensors` and `head_config.json` describe it.\n"
+    )
+    return f"""# {name}
+
+A BERT-family encoder fine-tuned with stackft_jax on the task `{task["name"]}` ({task["objective"]}; outputs
+{", ".join(record["label_names"])}{"; tags " + record["tag_scheme"] if record["tag_scheme"] else ""}).
+
+## Training
+
+- data: {files or "the Hugging Face dataset"}
+- head `{record["head"]["name"]}`, strategy `{record["strategy"]}`
+- parameters exported: {record["params"]}
+{phases}
+
+The run's whole config is `config` in `head_config.json`; its workdir was `{record["source"]}`.
+
+## Results (the run's `results.json` `final`)
+
+| split | scores |
+| --- | --- |
+{scores}
+
+## Use
+
+stackft_jax (the encoder and head, the same predictions as the run):
+
+```
+python -m stackft_jax.predict --model={name} --input=FILE --output=predictions.jsonl
+python -m stackft_jax.main --config=... --config.model.name_or_path={name}   # a new run from this encoder
+```
+
+transformers / PyTorch (the encoder):
+
+```python
+from transformers import AutoModel, AutoTokenizer
+tokenizer = AutoTokenizer.from_pretrained("{name}")
+model = AutoModel.from_pretrained("{name}")
+```
+
+{transformers_head}"""
+
+
+def export(source: opening.Source, out: str | Path, *, overwrite: bool = False) -> Path | None:
+    """Writes the export of `source` to `out` (process 0; other processes only load); returns `out`."""
+    import jax
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out={out} is a file: an export is a folder")
+    refuse_to_replace("out", out, overwrite=overwrite)
+    loaded = source.load()
+    if jax.process_index() != 0:
+        return None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        write(source, loaded, tmp, name=out.name)  # tmp is renamed to out
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

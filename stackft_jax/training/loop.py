@@ -1,0 +1,617 @@
+"""One phase's step loop: train steps, logging, dev evaluation, the phase's stop rule, the best-on-dev
+parameters, periodic checkpoints, preemption and the kill hook; then the phase's end (boundaries.py).
+
+`run_phase` trains one phase from its latest checkpoint (or its first step) to its stop and returns its
+final parameters and record; train.py calls it per phase. The decisions it takes at each step are small
+pure functions here (`due`, `train_stats`, `improved_best`; the stop rule is phases.StopTracker).
+"""
+
+import dataclasses
+import functools
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+from flax import nnx
+from tqdm import tqdm
+
+from stackft_jax.config import phases
+from stackft_jax.config.spec import RunSpec
+from stackft_jax.data import batching, task_spec
+from stackft_jax.models.objectives import Objective
+from stackft_jax.runtime import sharding, timing
+from stackft_jax.training import (
+    boundaries,
+    checkpointing,
+    degenerate,
+    evaluation,
+    feature_cache,
+    optim,
+    preemption,
+    steps,
+)
+from stackft_jax.training.run_report import RunReport
+
+log = logging.getLogger(__name__)
+
+
+class LoopObserver:
+    """Told where the training loop is; subclass it to watch a run (benchmarks/compile_count.py
+    attributes each compilation to a phase and step) and pass it as `train.run(observer=...)`. The base
+    class does nothing."""
+
+    def phase_started(self, name: str) -> None:
+        """`name` starts or resumes: its optimizer state, feature cache and first steps follow."""
+
+    def step_started(self, phase: str, step: int) -> None:
+        """The batch of `step` (0-based within the phase) goes to the train step."""
+
+    def phase_ended(self, name: str) -> None:
+        """`name` trained to its stop (its boundary measurements and checkpoint follow)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What every phase of a run shares: built once by train.run."""
+
+    spec: RunSpec
+    workdir: Path
+    mesh: jax.sharding.Mesh
+    datasets: dict[str, task_spec.Split]
+    graphdef: nnx.GraphDef
+    param_names: tuple[str, ...]  # '/'-joined parameter paths, which phases' rules label
+    buckets: tuple[int, ...]
+    global_batch_size: int
+    eval_global_batch_size: int
+    report: RunReport
+    evaluator: evaluation.Evaluator
+    timer: timing.RunTimer
+    observer: LoopObserver
+
+    @property
+    def task(self) -> task_spec.TaskSpec:
+        return self.spec.task
+
+    @property
+    def primary_metric(self) -> str:
+        return self.task.metrics[0]
+
+
+class PhaseResult(NamedTuple):
+    params: Any  # the phase's last parameters
+    record: dict  # results.json's `phases` entry
+    # The dev evaluation of `params` when the loop ended on one of the backbone's own outputs (cached
+    # features may round differently): exactly what final scoring would compute, so it need not again.
+    dev_at_end: evaluation.Evaluation | None
+
+
+class PhaseStep(NamedTuple):
+    init_state: Callable  # params -> TrainState.as_dict() (a dict: checkpoints restore into it)
+    jitted_step: Callable  # jitted (TrainState, device batch, dropout_key) -> (TrainState, metrics)
+    dropout_key: jax.Array
+
+    def train_step(self, state, batch):
+        """One step with the phase's dropout key; donates `state`."""
+        return self.jitted_step(state, batch, self.dropout_key)
+
+
+def build_phase_step(
+    phase: phases.Phase,
+    index: int,
+    params,
+    *,
+    graphdef: nnx.GraphDef,
+    objective: Objective,
+    mesh: jax.sharding.Mesh,
+    seed: int,
+    max_grad_norm: float,
+) -> PhaseStep:
+    """The phase's optimizer state initialiser and jitted train step (also what benchmarks time)."""
+    replicated = sharding.replicated(mesh)
+    tx, labels = optim.build_optimizer(
+        params,
+        rules=phase.rules,
+        learning_rates=phase.learning_rates,
+        num_steps=phase.num_steps,
+        warmup_steps=phase.warmup_steps,
+        schedule=phase.schedule,
+        weight_decay=phase.weight_decay,
+        max_grad_norm=max_grad_norm,
+    )
+    trainable = optim.trainable_mask(labels)
+
+    @functools.partial(jax.jit, out_shardings=replicated)
+    def init_state(p):
+        return steps.TrainState.create(p, tx.init(p)).as_dict()
+
+    def train_step(state, batch, dropout_key):  # named so for compile logs (benchmarks/compile_count)
+        return steps.train_step(
+            state,
+            batch,
+            graphdef=graphdef,
+            tx=tx,
+            trainable=trainable,
+            objective=objective,
+            dropout_key=dropout_key,
+            backbone_deterministic=not phase.backbone_dropout,
+        )
+
+    # The dropout key is an argument, not a constant baked into the program: runs that differ only in
+    # their seed compile the same program (one persistent-cache entry serves them all).
+    jitted_train_step = jax.jit(
+        train_step,
+        in_shardings=(replicated, sharding.data_sharded(mesh), replicated),
+        out_shardings=(replicated, replicated),
+        donate_argnums=0,
+    )
+    # Made by a jitted function, not device_put: a multi-host mesh has devices this process cannot
+    # address, and device_put of a key onto them fails.
+    dropout_key = jax.jit(lambda s, i: jax.random.fold_in(jax.random.key(s), i), out_shardings=replicated)(
+        seed, index
+    )
+    return PhaseStep(init_state, jitted_train_step, dropout_key)
+
+
+def gap_examples(run_spec: RunSpec, phase: phases.Phase) -> int:
+    """How many train examples (the first ones) a frozen-backbone phase scores: the gap rule's, else the
+    boundary measurement's."""
+    return phase.gap_eval_examples or run_spec.boundary_train_examples
+
+
+def feature_caches(ctx: Context, phase: phases.Phase, params) -> dict[str, feature_cache.FeatureCache]:
+    """The frozen backbone's features for `phase`: dev, and the train split's (every example with
+    `phase.feature_cache`, which the steps train on; else only the first `gap_examples`, which the
+    train/dev gap scores). Every evaluation of the phase reads them, so the backbone runs once per
+    split and phase, not at every evaluation. Built once per workdir (a resumed run reopens them), or
+    once for every run sharing `phase.feature_cache_dir`."""
+    shared = phase.feature_cache_dir not in ("", "none")  # "none": the workdir, also in a grid
+    train = ctx.datasets["train"].arrays
+    if not phase.feature_cache:
+        limit = min(gap_examples(ctx.spec, phase), ctx.datasets["train"].num_rows)
+        train = {key: value[:limit] for key, value in train.items()}
+    caches = {}
+    for split, arrays in (("train", train), ("dev", ctx.datasets["dev"].arrays)):
+        # One folder per process: hosts sharing a filesystem must not replace each other's files
+        # (a shared folder is content-addressed and never replaces one).
+        name = "train_subset" if split == "train" and not phase.feature_cache else split
+        name = name if jax.process_count() == 1 else f"{name}.process{jax.process_index()}"
+        caches[split] = feature_cache.open_or_build(
+            phase.feature_cache_dir if shared else ctx.workdir / "feature_cache" / phase.name / name,
+            arrays,
+            params,
+            graphdef=ctx.graphdef,
+            mesh=ctx.mesh,
+            all_layers=ctx.spec.model.scalar_mix,
+            dtype=phase.feature_cache_dtype,
+            global_batch_size=ctx.eval_global_batch_size,
+            buckets=ctx.buckets,
+            shared=shared,
+        )
+    return caches
+
+
+# Pure decisions of the loop.
+
+
+def due(step: int, every: int, num_steps: int) -> bool:
+    """Whether a periodic action (log, evaluation, checkpoint) runs after `step`: every `every` steps
+    and after the phase's last step."""
+    return step % every == 0 or step == num_steps
+
+
+def train_stats(window: list[dict], global_batch_size: int, seconds: float) -> dict[str, float]:
+    """metrics.jsonl's train record for the steps of `window` (their metrics on the host), which took
+    `seconds`."""
+    stats = {
+        "loss": float(np.mean([m["loss"] for m in window])),
+        "grad_norm": float(np.mean([m["grad_norm"] for m in window])),
+        "examples_per_s": len(window) * global_batch_size / max(seconds, 1e-9),
+        **{
+            key: float(np.mean([m[key] for m in window]))
+            for key in window[0]
+            if key.startswith(("grad_norm/", "update_norm/"))
+        },
+    }
+    if "correct" in window[0]:  # objectives whose predictions are right or wrong
+        stats["running_accuracy"] = sum(float(m["correct"]) for m in window) / sum(
+            float(m["count"]) for m in window
+        )
+    return stats
+
+
+def improved_best(best: dict, dev: dict[str, float], metric: str, **where: Any) -> dict | None:
+    """The new best record when `dev[metric]` beats `best` (or there is none yet), else None. `where`:
+    phase, step and global_step of the evaluation."""
+    if best.get("value") is not None and not dev[metric] > best["value"]:
+        return None
+    return {"value": dev[metric], "metric": metric, **where, "dev": dev}
+
+
+# The loop.
+
+
+class _Checkpoints(NamedTuple):
+    periodic: checkpointing.PhaseCheckpoints  # the phase's, to resume it
+    best: checkpointing.BestCheckpoint  # the run's best on dev
+
+    @classmethod
+    def open(cls, ctx: Context, phase: phases.Phase, *, trained, frozen: str) -> "_Checkpoints":
+        return cls(
+            checkpointing.PhaseCheckpoints(
+                ctx.workdir,
+                phase.name,
+                trained=trained,
+                frozen=frozen,
+                max_to_keep=ctx.spec.keep_checkpoints,
+                async_save=ctx.spec.async_checkpointing,
+            ),
+            checkpointing.BestCheckpoint(ctx.workdir, async_save=ctx.spec.async_checkpointing),
+        )
+
+    def close(self) -> None:
+        self.periodic.close()
+        self.best.close()
+
+
+class _StepBar:
+    """The phase's progress bar (process 0). It counts completed steps without waiting on each: a step
+    is counted once the next one is queued behind it, or when the loop waited for it anyway."""
+
+    def __init__(self, phase: phases.Phase, step: int):
+        self.tqdm = tqdm(
+            total=phase.num_steps,
+            initial=step,
+            desc=phase.name,
+            dynamic_ncols=True,
+            disable=jax.process_index() != 0,
+        )
+        self.uncounted = None  # the last dispatched step's loss, until the bar counts that step
+
+    def dispatched(self, loss: jax.Array) -> None:
+        if self.uncounted is not None:
+            jax.block_until_ready(self.uncounted)
+            self.tqdm.update(1)
+        self.uncounted = loss
+
+    def waited(self) -> None:
+        """The loop waited for the last dispatched step."""
+        self.tqdm.update(1)
+        self.uncounted = None
+
+
+class _Evaluated(NamedTuple):
+    dev: evaluation.Evaluation
+    train: evaluation.Evaluation | None  # the train subset the gap rule scores, when it has one
+    train_score: float | None  # the task's gap metric on it
+
+
+def _raise_if_nonfinite(state: steps.TrainState, phase_name: str, checkpoints: _Checkpoints) -> None:
+    bad_step = int(state.first_nonfinite_step)
+    if bad_step < 0:
+        return
+    checkpoints.close()
+    latest = checkpoints.periodic.manager.latest_step()
+    last_good = (
+        f"the last good checkpoint is {checkpoints.periodic.manager.directory / str(latest)}"
+        if latest is not None
+        else f"{phase_name} has no checkpoint yet (a rerun starts it again from its initial parameters)"
+    )
+    raise FloatingPointError(
+        f"{phase_name} step {bad_step + 1}: the training loss or gradient norm is not finite "
+        f"(NaN or inf). That step and later ones were not applied, and nothing after it was evaluated "
+        f"or saved; {last_good}. Try a lower learning rate, float32 (config.model.dtype) or "
+        "gradient clipping (config.max_grad_norm)."
+    )
+
+
+def _evaluate(
+    ctx: Context, phase: phases.Phase, params, features: dict, step: int, global_step: int
+) -> _Evaluated:
+    """Dev, and the train subset when the phase has a gap rule; each written to metrics.jsonl."""
+    with ctx.timer.phase("evaluation"):
+        dev = ctx.evaluator.evaluate(params, ctx.datasets["dev"], features=features.get("dev"))
+    at = {"phase": phase.name, "step": step, "global_step": global_step}
+    ctx.report.eval(**at, split="dev", metrics=dev.scores)
+    if not phase.gap_eval_examples:
+        return _Evaluated(dev, None, None)
+    with ctx.timer.phase("gap_evaluation"):
+        train = ctx.evaluator.evaluate(
+            params, ctx.datasets["train"], limit=phase.gap_eval_examples, features=features.get("train")
+        )
+    ctx.report.eval(**at, split="train_subset", metrics=train.scores)
+    return _Evaluated(dev, train, train.scores.get(ctx.task.gap_metric))
+
+
+def _restore_or_start(
+    ctx: Context,
+    phase: phases.Phase,
+    phase_step: PhaseStep,
+    checkpoints: _Checkpoints,
+    params,
+    global_offset: int,
+    best: dict,
+) -> tuple[steps.TrainState, phases.StopTracker, dict, float]:
+    """The phase's train state, stop tracker, the run's best record and the phase's wall time so far:
+    from its latest checkpoint, else the phase's first step. Best checkpoints and metrics.jsonl records
+    a killed run wrote after that checkpoint are dropped (they are written again)."""
+    tracker = phases.StopTracker(phase.stop)
+    wall_time = 0.0
+    abstract = checkpointing.abstract_like(
+        jax.eval_shape(phase_step.init_state, params), sharding.replicated(ctx.mesh)
+    )
+    restored = checkpoints.periodic.restore_latest(abstract, params)
+    if restored is not None:
+        latest, state, meta = restored
+        checkpoints.best.discard_between(global_offset + latest, global_offset + phase.num_steps)
+        tracker.load_state_dict(meta["stop"])
+        best, wall_time = meta["best"], meta["wall_time_s"]
+        log.info("resumed %s at step %d", phase.name, latest)
+    else:
+        state = phase_step.init_state(params)
+    start_step = int(state["step"])
+    ctx.report.keep_records(lambda r: r["phase"] != phase.name or r["step"] <= start_step)
+    state = steps.TrainState(**state)
+    log.info(
+        "%s: %d steps, trainable groups %s, optimizer state %.1f MB",
+        phase.name,
+        phase.num_steps,
+        phase.learning_rates,
+        optim.optimizer_state_bytes(state.opt_state) / 2**20,
+    )
+    return state, tracker, best, wall_time
+
+
+def _after_evaluation(
+    ctx: Context,
+    phase: phases.Phase,
+    evaluated: _Evaluated,
+    tracker: phases.StopTracker,
+    best: dict,
+    state: steps.TrainState,
+    *,
+    step: int,
+    global_step: int,
+    best_checkpoint: checkpointing.BestCheckpoint,
+    progress: tqdm,
+) -> tuple[str | None, dict]:
+    """Applies the stop rule and best tracking (saving a new best) to one evaluation; returns why the
+    phase stops now (or None) and the best record."""
+    dev, gap_metric = evaluated.dev.scores, ctx.task.gap_metric
+    stop_reason = tracker.update(
+        dev[ctx.primary_metric],
+        train_score=evaluated.train_score,
+        dev_score=dev.get(gap_metric),
+        gap_metric=gap_metric,
+    )
+    new_best = improved_best(
+        best, dev, ctx.primary_metric, phase=phase.name, step=step, global_step=global_step
+    )
+    if new_best is not None:
+        best = new_best
+        with ctx.timer.phase("checkpoint_writes"):
+            best_checkpoint.save(global_step, state.params, best)
+    train_subset = (
+        f" train_subset {gap_metric}={evaluated.train_score:.4f}" if evaluated.train_score is not None else ""
+    )
+    progress.write(
+        f"{phase.name} step {step}: dev " + " ".join(f"{k}={v:.4f}" for k, v in dev.items()) + train_subset
+    )
+    return stop_reason, best
+
+
+def _phase_end(
+    ctx: Context,
+    phase: phases.Phase,
+    state: steps.TrainState,
+    *,
+    step: int,
+    global_offset: int,
+    stop_reason: str | None,
+    best: dict,
+    wall_time: float,
+    started: float,
+    features: dict[str, feature_cache.FeatureCache],
+    evaluated: _Evaluated | None,
+    frozen_backbone: bool,
+) -> dict:
+    """The phase's record (results.json's `phases` entry), with the boundary measurements of a
+    frozen-backbone phase (also written to metrics.jsonl). `evaluated`: the last step's evaluation, reused
+    when there is one. `wall_time`: the phase's seconds before this process `started` it."""
+    measured = None
+    if frozen_backbone:
+        with ctx.timer.phase("evaluation"):
+            measured = boundaries.measure(
+                ctx.evaluator,
+                ctx.datasets,
+                ctx.task.metrics,
+                state.params,
+                features=features,
+                dev=evaluated.dev if evaluated else None,
+                train=evaluated.train if evaluated else None,
+                train_examples=gap_examples(ctx.spec, phase),
+            )
+        ctx.report.eval(
+            phase=phase.name,
+            step=step,
+            global_step=global_offset + step,
+            split="boundary",
+            metrics={k: v for k, v in measured.items() if isinstance(v, float)},
+        )
+    noise = _stopped_on_noise(ctx, phase, stop_reason, evaluated)
+    stop_reason = stop_reason or phases.budget_reason(phase.num_steps)
+    log.info("%s stopped after %d steps: %s", phase.name, step, stop_reason)
+    record = {
+        "phase": phase.name,
+        "steps": step,
+        "end_global_step": global_offset + step,  # where the phase's boundary checkpoint sits
+        "stop_reason": stop_reason,
+        "wall_time_s": wall_time + time.time() - started,
+        "best": best,
+        "learning_rates": phase.learning_rates,
+        "optimizer_state_bytes": optim.optimizer_state_bytes(state.opt_state),
+        "feature_cache_bytes": sum(cache.nbytes for cache in features.values()),
+    }
+    if measured is not None:
+        record["boundary"] = measured
+    if noise:
+        record["dev_degenerate_at_stop"] = noise
+    return record
+
+
+def _stopped_on_noise(
+    ctx: Context, phase: phases.Phase, stop_reason: str | None, evaluated: _Evaluated | None
+) -> list[str]:
+    """The degenerate flags (degenerate.py) of the dev evaluation at which a stop rule ended the phase,
+    warned about: a head that has not learned the task (e.g. below the majority class) is not
+    overfitting, so a gap rule that fires there measured the noise of its small train subset."""
+    if stop_reason is None or evaluated is None or not ctx.datasets["dev"].labelled:
+        return []
+    dev = evaluated.dev
+    records = ctx.task.prediction_records(ctx.datasets["dev"], dev.rows)
+    flags = degenerate.flags(records, dev.scores, ctx.task.objective.name)
+    if flags:
+        log.warning(
+            "%s: a stop rule (%s) ended the phase while its dev predictions are degenerate (%s): the head "
+            "had not learned the task, and the phase hands on an unlearned head; a larger gap_eval_examples "
+            "(the train examples the gap is measured on), max_train_dev_gap or patience_evals (%s) lets it "
+            "learn first",
+            phase.name,
+            stop_reason,
+            ", ".join(flags),
+            phase.source or phase.name,
+        )
+    return flags
+
+
+def run_phase(
+    ctx: Context,
+    phase: phases.Phase,
+    index: int,
+    params,
+    global_offset: int,
+    best: dict,
+    *,
+    trained,
+    frozen: str,
+) -> PhaseResult:
+    """Trains one phase to its stop, resuming from its latest checkpoint; `trained` marks the parameters
+    the phase's rules train, `frozen` fingerprints the others (checkpointing.py). `best`: the run's
+    best-on-dev record so far."""
+    config, mesh = ctx.spec, ctx.mesh
+    phase_step = build_phase_step(
+        phase,
+        index,
+        params,
+        graphdef=ctx.graphdef,
+        objective=ctx.task.objective,
+        mesh=mesh,
+        seed=config.seed,
+        max_grad_norm=config.max_grad_norm,
+    )
+    checkpoints = _Checkpoints.open(ctx, phase, trained=trained, frozen=frozen)
+    state, tracker, best, wall_time = _restore_or_start(
+        ctx, phase, phase_step, checkpoints, params, global_offset, best
+    )
+    step = int(state.step)
+
+    preemption.install_sigterm_flag()
+    started = time.time()
+    frozen_backbone = not phases.trains_backbone(phase, ctx.param_names)
+    # Built before the first step donates the state: its backbone is the phase's frozen one.
+    with ctx.timer.phase("feature_cache"):  # built, or opened (shared by another run)
+        features = feature_caches(ctx, phase, state.params) if frozen_backbone else {}
+    train_features = features["train"] if phase.feature_cache else None
+    stop_reason = None
+    evaluated = None  # the last step's evaluation, when it was evaluated
+    window: list[dict] = []  # the metrics of the steps since the last log
+    window_start = time.time()
+    bar = _StepBar(phase, step)
+    batches: Iterator = batching.train_batches(
+        ctx.datasets["train"].arrays,
+        start_step=step,
+        global_batch_size=ctx.global_batch_size,
+        seed=config.seed * 1000 + index,
+        buckets=ctx.buckets,
+        with_index=train_features is not None,
+    )
+    while stop_reason is None and step < phase.num_steps:
+        local = batching.process_slice(next(batches), jax.process_index(), jax.process_count())
+        ctx.observer.step_started(phase.name, step)
+        if train_features is not None:
+            local = train_features.attach(local)
+        state, step_metrics = phase_step.train_step(state, sharding.put_batch(local, mesh))
+        step += 1
+        window.append(step_metrics)
+        bar.dispatched(step_metrics["loss"])
+
+        log_now = due(step, config.log_every_steps, phase.num_steps)
+        eval_now = due(step, config.eval_every_steps, phase.num_steps)
+        stop_now = preemption.should_stop(global_offset + step)  # every step, on every process
+        save_now = step % config.checkpoint_every_steps == 0 or stop_now
+        if log_now or eval_now or save_now:
+            # Before anything reads the parameters: NaN is never logged as progress, evaluated, saved.
+            _raise_if_nonfinite(state, phase.name, checkpoints)
+            bar.waited()
+        if log_now:
+            stats = train_stats(jax.device_get(window), ctx.global_batch_size, time.time() - window_start)
+            ctx.report.train(global_step=global_offset + step, metrics=stats)
+            bar.tqdm.set_postfix(loss=f"{stats['loss']:.4f}", ex_per_s=f"{stats['examples_per_s']:.1f}")
+            window, window_start = [], time.time()
+        evaluated = None
+        if eval_now:
+            evaluated = _evaluate(ctx, phase, state.params, features, step, global_offset + step)
+            stop_reason, best = _after_evaluation(
+                ctx,
+                phase,
+                evaluated,
+                tracker,
+                best,
+                state,
+                step=step,
+                global_step=global_offset + step,
+                best_checkpoint=checkpoints.best,
+                progress=bar.tqdm,
+            )
+        if save_now:
+            meta = {
+                "stop": tracker.state_dict(),
+                "best": best,
+                "wall_time_s": wall_time + time.time() - started,
+            }
+            with ctx.timer.phase("checkpoint_writes"):
+                checkpoints.periodic.save(step, state.as_dict(), meta)
+        if stop_now:
+            checkpoints.close()
+            bar.tqdm.close()  # before the message, so that it is the last line
+            raise preemption.stopped(f"{phase.name} step {step}")
+        if preemption.kill_requested(phase.name, step):
+            os.kill(os.getpid(), signal.SIGKILL)
+    bar.tqdm.close()
+    with ctx.timer.phase("checkpoint_writes"):  # waits for background writes
+        checkpoints.close()
+
+    boundaries.check_frozen(phase.name, state.params, trained, frozen)
+    record = _phase_end(
+        ctx,
+        phase,
+        state,
+        step=step,
+        global_offset=global_offset,
+        stop_reason=stop_reason,
+        best=best,
+        wall_time=wall_time,
+        started=started,
+        features=features,
+        evaluated=evaluated,
+        frozen_backbone=frozen_backbone,
+    )
+    # Cached features may round differently from the backbone's own outputs: only an evaluation without
+    # them scored exactly what final scoring would.
+    dev_at_end = evaluated.dev if evaluated is not None and not features else None
+    return PhaseResult(state.params, record, dev_at_end)

@@ -1,0 +1,137 @@
+"""The run's final scoring, after its last phase: which parameters are scored (`final_params`: the last,
+or the best on dev), their predictions on dev and test (WORKDIR/predictions/<split>.jsonl), the labelled
+splits' scores with their degenerate-model flags and optional temperature calibration, and the
+results.json document they go into."""
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from stackft_jax.config.spec import RunSpec
+from stackft_jax.data import task_spec
+from stackft_jax.runtime import sharding, timing
+from stackft_jax.training import calibration, checkpointing, degenerate, evaluation
+from stackft_jax.training.run_report import RunReport
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class FinalScores:
+    scores: dict[str, dict[str, float]]  # per labelled split: the task's metrics and loss
+    # Per scored split, why its score says the model learned nothing ([]: it learned; degenerate.py).
+    degenerate: dict[str, list[str]]
+    params_used: str  # "last", or "best (global step N)"
+    calibration: dict | None  # the temperature fitted on dev and how it carries (calibration.py)
+
+
+def best_or_last(workdir: Path, last_params: Any, best: dict, mesh: jax.sharding.Mesh) -> tuple[Any, str]:
+    """The best-on-dev parameters (checkpoints/best), or the last ones with a warning when the best
+    checkpoint is unreadable (it is then moved aside) or missing."""
+    abstract = checkpointing.abstract_like(last_params, sharding.replicated(mesh))
+    with checkpointing.BestCheckpoint(workdir, async_save=False) as best_checkpoint:
+        restored = best_checkpoint.restore_latest(abstract)
+    if restored is None or restored[0] != best.get("global_step"):
+        log.warning(
+            "config.final_params=best, but the best checkpoint (global step %s) is unreadable or "
+            "missing: scoring the last parameters instead",
+            best.get("global_step"),
+        )
+        return last_params, "last (best checkpoint unreadable)"
+    global_step, params = restored
+    return params, f"best (global step {global_step})"
+
+
+def score(
+    run_spec: RunSpec,
+    last_params: Any,
+    *,
+    best: dict,
+    dev_at_end: evaluation.Evaluation | None,
+    workdir: Path,
+    mesh: jax.sharding.Mesh,
+    evaluator: evaluation.Evaluator,
+    datasets: dict[str, task_spec.Split],
+    report: RunReport,
+    timer: timing.RunTimer,
+) -> FinalScores:
+    """Scores the parameters `run_spec.final_params` names on dev and test and writes their predictions.
+    `dev_at_end`: the last phase's dev evaluation of `last_params`, reused rather than taken again."""
+    params, used = last_params, "last"
+    if run_spec.final_params == "best":
+        params, used = best_or_last(workdir, last_params, best, mesh)
+    evaluations = {}
+    if used == "last" and dev_at_end is not None:
+        evaluations["dev"] = dev_at_end
+    with timer.phase("evaluation"):
+        for name in ("dev", "test"):
+            if name in datasets and name not in evaluations:
+                evaluations[name] = evaluator.evaluate(params, datasets[name])
+    task = run_spec.task
+    written = {name: task.prediction_records(datasets[name], done.rows) for name, done in evaluations.items()}
+    for name, split_records in written.items():
+        report.predictions(name, split_records)
+    scores = {name: done.scores for name, done in evaluations.items() if datasets[name].labelled}
+    calibrated = None
+    if run_spec.calibration_temperature:  # fitted on dev; test (when labelled) shows how well it carries
+        labelled = {
+            name: evaluation.probabilities_and_labels(datasets[name], evaluations[name]) for name in scores
+        }
+        calibrated = calibration.temperature_report(labelled.pop("dev"), **labelled)
+    return FinalScores(
+        scores=scores,
+        degenerate={
+            name: degenerate.flags(written[name], split_scores, run_spec.task.objective.name)
+            for name, split_scores in scores.items()
+        },
+        params_used=used,
+        calibration=calibrated,
+    )
+
+
+def results(
+    run_spec: RunSpec,
+    final: FinalScores,
+    *,
+    phase_records: list[dict],
+    best: dict,
+    datasets: dict[str, task_spec.Split],
+    num_devices: int,
+    global_batch_size: int,
+    scoring_s: float,
+) -> dict[str, Any]:
+    """results.json: the run's config, task and phases, and its final scores (the grid report reads it)."""
+    task = run_spec.task
+    train_steps = sum(r["steps"] for r in phase_records)
+    document = {
+        "config": run_spec.raw,
+        "task": task.describe(),
+        "strategy": run_spec.strategy,
+        "seed": run_spec.seed,
+        "num_devices": num_devices,
+        "global_batch_size": global_batch_size,
+        "phases": phase_records,
+        "final": final.scores,
+        "degenerate": final.degenerate,
+        "best": best,
+        "data": {
+            "label_names": list(task.output_names),
+            "num_examples": {name: len(split.examples) for name, split in datasets.items()},
+            # The fraction of train held out as dev; null: dev is its own file or hub split.
+            "dev_held_out_fraction": (
+                task.dev_fraction if task_spec.dev_is_held_out(task, run_spec.data.dev_file) else None
+            ),
+        },
+        "final_params": final.params_used,  # which parameters `final` scored
+        # What the result cost (the grid report's cost table): optimizer steps and training examples.
+        "train_steps": train_steps,
+        "examples_seen": train_steps * global_batch_size,
+        # Training and evaluation time summed over every process lifetime of this run (resumes too).
+        "wall_time_s": sum(r["wall_time_s"] for r in phase_records) + scoring_s,
+    }
+    if final.calibration is not None:
+        document["calibration"] = final.calibration
+    return document

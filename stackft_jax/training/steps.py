@@ -1,0 +1,166 @@
+"""Pure, module-level train and eval steps. `loop.py` binds the static arguments and jits them once
+per phase; the state is donated.
+
+Every step takes a batch of tokens, or (train and eval steps) a batch that also carries cached
+backbone features (feature_cache.py); the batch's keys pick the path when the step is traced.
+"""
+
+import dataclasses
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from stackft_jax.models.objectives import Objective
+
+Batch = dict[str, jax.Array]
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    # The step whose loss or gradients were first not finite, -1 while all were. From that step on the
+    # train step leaves params and optimizer state as they were, so NaN never reaches them.
+    first_nonfinite_step: jax.Array
+
+    @classmethod
+    def create(cls, params: Any, opt_state: Any) -> "TrainState":
+        return cls(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=opt_state,
+            first_nonfinite_step=jnp.full((), -1, jnp.int32),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The checkpointed form (orbax restores into plain dicts)."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+
+
+def mean_loss(
+    params: Any,
+    batch: Batch,
+    *,
+    graphdef: nnx.GraphDef,
+    objective: Objective,
+    dropout_key: jax.Array | None,
+    backbone_deterministic: bool = False,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The objective's mean loss over the batch's real rows (and its stats), in training mode with
+    dropout from `dropout_key`; None: deterministic (benchmarks/cases.py times both)."""
+    model = nnx.merge(graphdef, params)
+    outputs = model(
+        batch,
+        deterministic=dropout_key is None,
+        backbone_deterministic=backbone_deterministic,
+        rngs=None if dropout_key is None else nnx.Rngs(dropout=dropout_key),
+    )
+    loss_sum, stats = objective.loss(outputs, batch)
+    return loss_sum / jnp.maximum(stats["count"], 1.0), stats
+
+
+def train_step(
+    state: TrainState,
+    batch: Batch,
+    *,
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    trainable: Any,
+    objective: Objective,
+    dropout_key: jax.Array,
+    backbone_deterministic: bool = False,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimizer step. Frozen leaves (`trainable` False) enter the forward pass behind
+    `stop_gradient`, so no backward pass runs through a frozen backbone, and they are returned untouched
+    (bit-identical, not `p + 0`). `backbone_deterministic` runs the backbone without dropout; on a batch
+    with cached features the backbone does not run at all."""
+    # Dropout masks depend only on (seed, phase, step): a resumed run draws the same ones.
+    step_key = jax.random.fold_in(dropout_key, state.step)
+
+    def loss_fn(params):
+        params = jax.tree.map(lambda t, p: p if t else jax.lax.stop_gradient(p), trainable, params)
+        return mean_loss(
+            params,
+            batch,
+            graphdef=graphdef,
+            objective=objective,
+            dropout_key=step_key,
+            backbone_deterministic=backbone_deterministic,
+        )
+
+    (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    trainable_grads = jax.tree.map(lambda t, g: g if t else None, trainable, grads)
+    grad_norm = optax.tree.norm(trainable_grads)
+    # Checked here, every step, at the cost of one fused select per parameter; the host reads the
+    # flag only when it logs, evaluates or saves, so the check never stalls the step pipeline.
+    first_nonfinite_step = jnp.where(
+        (state.first_nonfinite_step < 0) & ~(jnp.isfinite(loss) & jnp.isfinite(grad_norm)),
+        state.step,
+        state.first_nonfinite_step,
+    )
+    healthy = first_nonfinite_step < 0
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    stepped = optax.apply_updates(state.params, updates)
+    params = jax.tree.map(
+        lambda t, old, new: jnp.where(healthy, new, old) if t else old, trainable, state.params, stepped
+    )
+    opt_state = jax.tree.map(lambda new, old: jnp.where(healthy, new, old), opt_state, state.opt_state)
+    metrics = {
+        "loss": loss,
+        "grad_norm": grad_norm,
+        **stats,
+        **_norms_by_part(trainable, grads, state.params, params),
+    }
+    new_state = TrainState(
+        step=state.step + 1,
+        params=params,
+        opt_state=opt_state,
+        first_nonfinite_step=first_nonfinite_step,
+    )
+    return new_state, metrics
+
+
+def _norms_by_part(trainable: Any, grads: Any, old: Any, new: Any) -> dict[str, jax.Array]:
+    """`grad_norm/<part>` and `update_norm/<part>` (the step's parameter change) for each top-level
+    part (`backbone`, `head`) that trains: a new head at BERT's rate barely moves, which these show
+    from the first steps (docs/finetune_collapse.md)."""
+    norms = {}
+    for part in trainable:
+        if not any(jax.tree.leaves(trainable[part])):
+            continue
+        mask = trainable[part]
+        norms[f"grad_norm/{part}"] = optax.tree.norm(
+            jax.tree.map(lambda t, g: g if t else None, mask, grads[part])
+        )
+        change = jax.tree.map(lambda t, a, b: b - a if t else None, mask, old[part], new[part])
+        norms[f"update_norm/{part}"] = optax.tree.norm(change)
+    return norms
+
+
+def eval_step(params: Any, batch: Batch, *, graphdef: nnx.GraphDef, objective: Objective) -> dict[str, Any]:
+    """`rows`: the objective's per-row predictions (evaluation.py drops padding rows); `loss_sum` and
+    `count`, padding excluded."""
+    model = nnx.merge(graphdef, params)
+    outputs = model(batch, deterministic=True)
+    _, stats = objective.loss(outputs, batch)
+    return {"rows": objective.predict(outputs, batch), "loss_sum": stats["loss_sum"], "count": stats["count"]}
+
+
+def features_step(
+    params: Any, batch: Batch, *, graphdef: nnx.GraphDef, all_layers: bool, dtype: Any
+) -> dict[str, jax.Array]:
+    """The backbone's deterministic outputs as feature_cache.py stores them: `hidden_states`
+    [batch, length, layers, hidden] (every layer with the embeddings first, or only the last) and
+    `pooled` [batch, hidden], both in `dtype`."""
+    backbone = nnx.merge(graphdef, params).backbone
+    out = backbone(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], deterministic=True)
+    layers = out.hidden_states if all_layers else out.hidden_states[-1:]
+    return {
+        "hidden_states": jnp.stack(layers, axis=2).astype(dtype),
+        "pooled": out.pooled.astype(dtype),
+    }

@@ -1,0 +1,312 @@
+"""What binds a workdir to one run: the config it was started with, and the lock of the live process.
+
+    WORKDIR/config.json            the first run's config (plus the global batch size it trained with)
+    WORKDIR/config_history.jsonl   configs replaced by a rerun with --allow_config_change
+    WORKDIR/data_files.json        size, modification time and sha256 of each split file the run read
+    WORKDIR/replaced-<time>/       a run's progress set aside when --allow_config_change changed its
+                                   strategy or phases (the new plan starts from scratch)
+    WORKDIR/locks/process-<i>.lock held by process i of the live run (an flock: the kernel releases it
+                                   when the process dies, so a killed run never blocks its rerun)
+
+A rerun resumes only the run its workdir belongs to: if a key that changes results differs from the
+recorded config, or a data file's content changed, the rerun is refused before any work, naming the
+differing keys or the file. A grid workdir is bound to its grid config the same way (GRID below).
+"""
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from stackft_jax.config import spec
+from stackft_jax.config.spec import RunSpec
+from stackft_jax.runtime import cli_errors
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.json"
+HISTORY_FILE = "config_history.jsonl"
+# Keys of the record that change how a run is watched or stored, never what it computes: they may
+# differ on a rerun.
+RESULT_NEUTRAL_KEYS = frozenset(
+    f"config.{key}"
+    for key in (
+        "log_every_steps",
+        "checkpoint_every_steps",
+        "keep_checkpoints",
+        "async_checkpointing",
+        "eval_per_device_batch_size",
+        "data.cache_dir",
+        "model.allow_pickle",
+        "compilation_cache_dir",
+        "phase1.feature_cache_dir",
+    )
+)
+
+
+class WorkdirInUse(cli_errors.UsageError):
+    """Another live process holds the workdir."""
+
+
+class ConfigMismatch(cli_errors.UsageError):
+    """The workdir belongs to a run with another config, or read other data."""
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}, "c": [{"d": 2}]} -> {"a.b": 1, "c.0.d": 2} (lists of blocks by index)."""
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{name}."))
+        elif isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
+            flat.update(flatten({str(i): v for i, v in enumerate(value)}, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def config_differences(
+    recorded: Mapping[str, Any], current: Mapping[str, Any], *, neutral: frozenset[str] = RESULT_NEUTRAL_KEYS
+) -> dict[str, tuple]:
+    """{key: (recorded value, current value)} for every key that changes results and differs (a key
+    present on one side only shows `<absent>` on the other)."""
+    old, new = flatten(recorded), flatten(current)
+    absent = "<absent>"
+    return {
+        key: (old.get(key, absent), new.get(key, absent))
+        for key in sorted(old.keys() | new.keys())
+        if key not in neutral
+        and not (key.startswith("config.phases.") and key.endswith(".feature_cache_dir"))
+        and old.get(key, absent) != new.get(key, absent)
+    }
+
+
+def _write_json_atomically(path: Path, value: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+# What a run leaves once it has done any work; a workdir with none of these (a run refused by a check
+# after binding, e.g. a phase rule that labels no parameter) holds nothing a new config could mix with.
+PROGRESS = ("checkpoints", "metrics.jsonl", "results.json", "predictions", "feature_cache")
+
+
+def holds_progress(workdir: Path) -> bool:
+    return any((workdir / name).exists() for name in PROGRESS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Binding:
+    """What a workdir of one kind records and compares: a run's config, or a grid's."""
+
+    what: str  # "a run", "a grid": in the refusal
+    config_file: str
+    history_file: str
+    neutral_keys: frozenset[str]  # keys that may differ on a rerun
+    progress: tuple[str, ...]  # entries that show the workdir did work
+
+
+RUN = Binding("a run", CONFIG_FILE, HISTORY_FILE, RESULT_NEUTRAL_KEYS, PROGRESS)
+# A grid's cells are runs; its report, ensembles and paper figures come from them. `paper_results`
+# only labels the report.
+GRID = Binding(
+    "a grid",
+    "grid_config.json",
+    "grid_config_history.jsonl",
+    frozenset({"grid.paper_results"}),
+    ("runs", "ensembles", "report.json", "report.md"),
+)
+
+
+def bind_config(
+    workdir: Path,
+    record: dict[str, Any],
+    *,
+    allow_change: bool,
+    binding: Binding = RUN,
+    compare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> dict[str, tuple]:
+    """Records `record` (the config and what else decides results) as the workdir's on its first run;
+    on a rerun, refuses a record that differs in a key that changes results, unless `allow_change` (or
+    the workdir holds no progress yet), which records the new one and appends the old one to the
+    history file. Returns the differences it allowed ({}: none). `compare` maps a record (the recorded
+    one, or `record` itself) to what is compared: `bind_run` resolves both into the keys the run uses
+    (spec.binding_form)."""
+    original = record
+    workdir = Path(workdir)
+    path = workdir / binding.config_file
+    # JSON round trip: the comparison sees what a later rerun will read back (tuples become lists).
+    record = json.loads(json.dumps(record))
+    differences: dict[str, tuple] = {}
+    if path.exists():
+        recorded = json.loads(path.read_text())
+        differences = (
+            config_differences(recorded, record, neutral=binding.neutral_keys)
+            if compare is None
+            else config_differences(
+                *(json.loads(json.dumps(compare(r))) for r in (recorded, original)),
+                neutral=binding.neutral_keys,
+            )
+        )
+        if not differences:
+            return {}
+        progress = any((workdir / name).exists() for name in binding.progress)
+        if not allow_change and progress:
+            listed = "\n".join(
+                f"  {key}: {old!r} recorded, {new!r} now" for key, (old, new) in differences.items()
+            )
+            raise ConfigMismatch(
+                f"{workdir} belongs to {binding.what} with another config; rerunning into it would mix "
+                f"the old and new results. Keys that differ:\n{listed}\n"
+                "Use a new --workdir for the new config, or pass --allow_config_change (in Python: "
+                "allow_config_change=True) to continue with the new values on purpose."
+            )
+        if not allow_change:
+            log.warning("%s: replacing the config of a run that did no work (%s)", workdir, list(differences))
+        if jax.process_index() == 0:
+            with (workdir / binding.history_file).open("a") as f:
+                f.write(json.dumps({"replaced_at": time.time(), "record": recorded}) + "\n")
+    if jax.process_index() == 0:
+        workdir.mkdir(parents=True, exist_ok=True)
+        _write_json_atomically(path, record)
+    return differences
+
+
+# Keys whose change makes another phase plan: the old plan's checkpoints and best must not be resumed.
+RESTARTING_PREFIXES = ("config.strategy", "config.phases.", "config.unfreezing.")
+
+
+def restarts(differences: Mapping[str, tuple]) -> bool:
+    return any(key == p or key.startswith(p) for key in differences for p in RESTARTING_PREFIXES)
+
+
+def set_aside_progress(workdir: Path, reason: str) -> Path | None:
+    """Moves the run's checkpoints, metrics, predictions and results to WORKDIR/replaced-<time>/ (kept,
+    not deleted), so a new phase plan starts from scratch. Feature caches stay (keyed by backbone)."""
+    moving = [workdir / name for name in PROGRESS if name != "feature_cache" and (workdir / name).exists()]
+    if not moving or jax.process_index() != 0:
+        return None
+    target = workdir / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+    target.mkdir(parents=True, exist_ok=True)
+    for path in moving:
+        os.replace(path, target / path.name)
+    log.warning(
+        "%s: %s; the earlier run's progress is moved to %s and this one starts over", workdir, reason, target
+    )
+    return target
+
+
+DATA_FILE = "data_files.json"
+
+
+def _fingerprint(path: Path, recorded: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Size, mtime and sha256 of a file; an unchanged size and mtime reuse the recorded hash."""
+    stat = path.stat()
+    if recorded and recorded.get("bytes") == stat.st_size and recorded.get("mtime_ns") == stat.st_mtime_ns:
+        return dict(recorded)
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return {"path": str(path), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": h.hexdigest()}
+
+
+def bind_data(workdir: Path, files: Mapping[str, str], *, allow_change: bool) -> None:
+    """Records a fingerprint of each split file (`{"data.dev_file": path}`) on the first run; a rerun
+    over a file whose content changed is refused, naming it, unless `allow_change` or no progress yet:
+    the run's checkpoints, best and metrics came from the old content."""
+    workdir = Path(workdir)
+    path = workdir / DATA_FILE
+    recorded = json.loads(path.read_text()) if path.exists() else {}
+    current = {
+        key: _fingerprint(Path(file), recorded.get(key))
+        for key, file in files.items()
+        if file and Path(file).is_file()
+    }
+    if not allow_change and holds_progress(workdir):
+        for key, now in current.items():
+            old = recorded.get(key)
+            if old and old["path"] == now["path"] and old["sha256"] != now["sha256"]:
+                raise ConfigMismatch(
+                    f"config.{key} = {now['path']!r} changed since this workdir's run read it "
+                    f"({old['bytes']} -> {now['bytes']} bytes, sha256 {old['sha256'][:12]} -> "
+                    f"{now['sha256'][:12]}); its checkpoints and metrics come from the old content. "
+                    "Restore the file, use a new --workdir, or pass --allow_config_change to go on."
+                )
+    if current != recorded and jax.process_index() == 0:
+        _write_json_atomically(path, current)
+
+
+def bind_run(workdir: Path, run_spec: RunSpec, *, global_batch_size: int, allow_change: bool) -> None:
+    """Binds `workdir` to the run `run_spec` describes (RUN: its config and global batch size, then its
+    data files), or refuses it (ConfigMismatch). Both configs are compared resolved (spec.binding_form):
+    only what the run uses binds it, and a key newer than the record reads as its value now (a record
+    lacking it predates it). A change to another phase plan sets the old plan's progress aside."""
+    record = {"config": run_spec.raw, "global_batch_size": global_batch_size}
+
+    def binding(r: dict) -> dict:
+        if r is record:
+            form = spec.binding_form(run_spec)
+        else:
+            try:
+                form = spec.recorded_binding_form(r["config"], run_spec.raw)
+            except ValueError as error:
+                raise ConfigMismatch(
+                    f"{workdir}/{CONFIG_FILE}: its recorded config no longer resolves ({error}); "
+                    "use a new --workdir"
+                ) from None
+        return {**form, "global_batch_size": r.get("global_batch_size")}
+
+    changed = bind_config(workdir, record, allow_change=allow_change, compare=binding)
+    if restarts(changed):  # another phase plan: the old one's checkpoints and best go
+        set_aside_progress(workdir, f"--allow_config_change changed {sorted(changed)[0]}")
+    data_files = {f"data.{split}_file": run_spec.data.file(split) for split in spec.SPLITS}
+    bind_data(workdir, data_files, allow_change=allow_change)
+
+
+@contextlib.contextmanager
+def exclusive(workdir: Path) -> Iterator[None]:
+    """Holds this process's lock on `workdir` for the duration; refuses a workdir a live process holds.
+    On file systems without flock support the run goes on unlocked."""
+    lock_dir = workdir / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    path = lock_dir / f"process-{jax.process_index()}.lock"
+    with path.open("a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked = True
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            raise WorkdirInUse(
+                f"{workdir} is in use by a live run ({holder}; lock {path}). Wait for it to finish or "
+                "stop it; a killed run releases the lock by itself."
+            ) from None
+        except OSError:  # no flock on this file system (some FUSE mounts): run unlocked
+            locked = False
+        if locked:
+            f.seek(0)
+            f.truncate()
+            f.write(
+                f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+            )
+            f.flush()
+        try:
+            yield
+        finally:
+            if locked:
+                f.seek(0)
+                f.truncate()
+                fcntl.flock(f, fcntl.LOCK_UN)
