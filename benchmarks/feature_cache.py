@@ -35,7 +35,7 @@ from benchmarks.machine import load_average, machine_info, write_json
 from stackft_jax.data import batching, task_spec, tasks, tokenization
 from stackft_jax.models import bert
 from stackft_jax.runtime import sharding
-from stackft_jax.training import feature_cache
+from stackft_jax.training import feature_cache, loop
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TRAIN_FILE = REPO.parent / "shared" / "data" / "qqp" / "train.tsv"
@@ -115,11 +115,12 @@ def run_mode(
         record["cache_bytes"] = cache.nbytes
     state, train_step = cases.jax_train_state(model, "phase1")
     steps = batching.steps_per_epoch(batching.num_rows(ds), args.batch_size)
-    batches = batching.train_batches(
+    batches = loop.batch_feed(  # phase 1's feed, as loop.run_phase pulls it
         ds,
+        seed=model.spec.seed,
+        phase_index=0,
         start_step=0,
         global_batch_size=args.batch_size,
-        seed=model.spec.seed * 1000,  # phase index 0, as loop.run_phase seeds phase 1
         buckets=buckets,
         with_index=cache is not None,
     )
@@ -128,7 +129,7 @@ def run_mode(
         started = time.perf_counter()
         losses = []
         for _ in range(steps):
-            local = batching.process_slice(next(batches), jax.process_index(), jax.process_count())
+            local = next(batches)
             if cache is not None:
                 local = cache.attach(local)
             state, metrics = train_step(state, sharding.put_batch(local, model.mesh))

@@ -29,6 +29,7 @@ from benchmarks.machine import load_average, machine_info, write_json
 from stackft_jax.data import batching, task_spec, tasks, tokenization
 from stackft_jax.models import bert
 from stackft_jax.runtime import sharding
+from stackft_jax.training import loop
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TRAIN_FILE = REPO.parent / "shared" / "data" / "qqp" / "train.tsv"
@@ -66,13 +67,19 @@ def batches_per_s(dataset, args, buckets, *, put: bool) -> dict:
     mesh = sharding.make_mesh()
     per_epoch = batching.steps_per_epoch(batching.num_rows(dataset), args.batch_size)
     num = args.batches or min(per_epoch, 2000)
-    stream = batching.train_batches(
-        dataset, start_step=0, global_batch_size=args.batch_size, seed=0, buckets=buckets
+    stream = loop.batch_feed(
+        dataset,
+        seed=0,
+        phase_index=0,
+        start_step=0,
+        global_batch_size=args.batch_size,
+        buckets=buckets,
+        with_index=False,
     )
     lengths: collections.Counter = collections.Counter()
     started = time.perf_counter()
     for _ in range(num):
-        local = batching.process_slice(next(stream), jax.process_index(), jax.process_count())
+        local = next(stream)
         if put:
             jax.block_until_ready(sharding.put_batch(local, mesh))
         lengths[local["input_ids"].shape[1]] += 1

@@ -37,19 +37,17 @@ def _run_cli(
     wait: bool = True,
 ) -> subprocess.CompletedProcess | subprocess.Popen:
     """`python -m stackft_jax.main --config=CONFIG --workdir=WORKDIR ARGS` from the repository root;
-    `kill_at` ("phase1:3") makes the step loop (loop.py) SIGKILL there; `wait=False` returns the Popen."""
-    from stackft_jax.training import preemption
-
-    env = dict(os.environ)
-    env.pop(preemption.KILL_AT_ENV, None)
-    if kill_at:
-        env[preemption.KILL_AT_ENV] = kill_at
-    cmd = [sys.executable, "-m", "stackft_jax.main", f"--config={config}", f"--workdir={workdir}", *args]
+    `kill_at` ("phase1:3") SIGKILLs it right after that step (tests/kill_after.py); `wait=False` returns
+    the Popen."""
+    flags = [f"--config={config}", f"--workdir={workdir}", *args]
+    cmd = [
+        sys.executable,
+        *(["tests/kill_after.py", kill_at] if kill_at else ["-m", "stackft_jax.main"]),
+        *flags,
+    ]
     if not wait:
-        return subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="session")

@@ -13,18 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from stackft_jax.training import preemption
 from tests.test_train import _assert_same_run
 
 REPO = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 600
 
 
-def _env(devices: int, kill_at: str | None = None) -> dict[str, str]:
+def _env(devices: int) -> dict[str, str]:
     env = dict(os.environ)
-    env.pop(preemption.KILL_AT_ENV, None)
-    if kill_at:
-        env[preemption.KILL_AT_ENV] = kill_at
     flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", env.get("XLA_FLAGS", ""))
     env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
     return env
@@ -36,11 +32,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _command(workdir: Path, *extra: str) -> list[str]:
+def _command(workdir: Path, *extra: str, kill_at: str | None = None) -> list[str]:
+    """The main command; `kill_at` ("phase1:3"): SIGKILLed right after that step (tests/kill_after.py)."""
     return [
         sys.executable,
-        "-m",
-        "stackft_jax.main",
+        *(["tests/kill_after.py", kill_at] if kill_at else ["-m", "stackft_jax.main"]),
         "--config=configs/tiny.py",
         f"--workdir={workdir}",
         *extra,
@@ -55,10 +51,15 @@ def _start_pair(
     return [
         subprocess.Popen(
             _command(
-                workdir, f"--coordinator_address={address}", "--num_processes=2", f"--process_id={i}", *extra
+                workdir,
+                f"--coordinator_address={address}",
+                "--num_processes=2",
+                f"--process_id={i}",
+                *extra,
+                kill_at=(kill_at or {}).get(i),
             ),
             cwd=REPO,
-            env=_env(1, (kill_at or {}).get(i)),
+            env=_env(1),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

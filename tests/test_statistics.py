@@ -1,7 +1,6 @@
 """The report's statistics on arrays: metrics from per-example counts equal the task metrics, the two-level
 bootstrap sees seed-to-seed variance, the exact sign-flip test and each test's smallest p by hand."""
 
-
 import numpy as np
 import pytest
 import scipy.stats

@@ -1,16 +1,16 @@
-"""One phase's step loop: train steps, logging, dev evaluation, the phase's stop rule, the best-on-dev
-parameters, periodic checkpoints, preemption and the kill hook; then the phase's end (boundaries.py).
+"""One phase's step loop: train steps, then the periodic actions due after each (the train log, the dev
+evaluation with the stop rule and the best-on-dev checkpoint, the periodic checkpoint, the observer),
+preemption; then the phase's end (boundaries.py).
 
 `run_phase` trains one phase from its latest checkpoint (or its first step) to its stop and returns its
-final parameters and record; train.py calls it per phase. The decisions it takes at each step are small
-pure functions here (`due`, `train_stats`, `improved_best`; the stop rule is phases.StopTracker).
+final parameters and record; train.py calls it per phase. Where the phase is lives in one `Progress`;
+what runs after a step is the list `periodic_actions`, each with its cadence; the decisions are small
+pure functions (`due`, `train_stats`, `improved_best`; the stop rule is phases.StopTracker).
 """
 
 import dataclasses
 import functools
 import logging
-import os
-import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -43,14 +43,18 @@ log = logging.getLogger(__name__)
 
 class LoopObserver:
     """Told where the training loop is; subclass it to watch a run (benchmarks/compile_count.py
-    attributes each compilation to a phase and step) and pass it as `train.run(observer=...)`. The base
-    class does nothing."""
+    attributes each compilation to a phase and step; tests/kill_after.py kills a run after a step) and
+    pass it as `train.run(observer=...)`. The base class does nothing."""
 
     def phase_started(self, name: str) -> None:
         """`name` starts or resumes: its optimizer state, feature cache and first steps follow."""
 
     def step_started(self, phase: str, step: int) -> None:
         """The batch of `step` (0-based within the phase) goes to the train step."""
+
+    def step_ended(self, phase: str, step: int) -> None:
+        """`step` steps of the phase are done, and every periodic action due after them (log,
+        evaluation, checkpoint) has run: the loop's last periodic action (tests kill a run here)."""
 
     def phase_ended(self, name: str) -> None:
         """`name` trained to its stop (its boundary measurements and checkpoint follow)."""
@@ -236,6 +240,42 @@ def improved_best(best: dict, dev: dict[str, float], metric: str, **where: Any) 
 # The loop.
 
 
+@dataclasses.dataclass
+class Progress:
+    """Where one phase is: what the loop advances step by step and the periodic actions read and update."""
+
+    phase: phases.Phase
+    global_offset: int  # global steps before this phase
+    state: steps.TrainState
+    step: int  # steps of the phase done (on the host: reading state.step would wait for the device)
+    tracker: phases.StopTracker
+    best: dict  # the run's best-on-dev record so far
+    wall_time_before: float  # the phase's seconds in earlier processes (its checkpoint's)
+    started: float = dataclasses.field(default_factory=time.time)  # when this process took it up
+    window: list[dict] = dataclasses.field(default_factory=list)  # step metrics since the last log
+    window_start: float = dataclasses.field(default_factory=time.time)
+    evaluated: "_Evaluated | None" = None  # this step's evaluation, when it had one
+    stop_reason: str | None = None  # set by the stop rule after an evaluation
+    preempted: bool = False  # SIGTERM or Ctrl-C, agreed on by every process: save and stop
+
+    @property
+    def global_step(self) -> int:
+        return self.global_offset + self.step
+
+    def wall_time(self) -> float:
+        return self.wall_time_before + time.time() - self.started
+
+
+class PeriodicAction(NamedTuple):
+    """Something the loop does after the steps `due` picks, in list order (levanter's hooks, clu's
+    periodic actions). `reads_params`: it reads the parameters, so the step must be finite first."""
+
+    name: str
+    due: Callable[[Progress], bool]
+    run: Callable[[Progress], None]
+    reads_params: bool = True
+
+
 class _Checkpoints(NamedTuple):
     periodic: checkpointing.PhaseCheckpoints  # the phase's, to resume it
     best: checkpointing.BestCheckpoint  # the run's best on dev
@@ -336,10 +376,10 @@ def _restore_or_start(
     params,
     global_offset: int,
     best: dict,
-) -> tuple[steps.TrainState, phases.StopTracker, dict, float]:
-    """The phase's train state, stop tracker, the run's best record and the phase's wall time so far:
-    from its latest checkpoint, else the phase's first step. Best checkpoints and metrics.jsonl records
-    a killed run wrote after that checkpoint are dropped (they are written again)."""
+) -> Progress:
+    """The phase's progress: from its latest checkpoint (train state, stop tracker, the run's best
+    record, the phase's wall time so far), else its first step. Best checkpoints and metrics.jsonl
+    records a killed run wrote after that checkpoint are dropped (they are written again)."""
     tracker = phases.StopTracker(phase.stop)
     wall_time = 0.0
     abstract = checkpointing.abstract_like(
@@ -364,65 +404,99 @@ def _restore_or_start(
         phase.learning_rates,
         optim.optimizer_state_bytes(state.opt_state) / 2**20,
     )
-    return state, tracker, best, wall_time
+    return Progress(phase, global_offset, state, start_step, tracker, best, wall_time)
 
 
-def _after_evaluation(
-    ctx: Context,
-    phase: phases.Phase,
-    evaluated: _Evaluated,
-    tracker: phases.StopTracker,
-    best: dict,
-    state: steps.TrainState,
-    *,
-    step: int,
-    global_step: int,
-    best_checkpoint: checkpointing.BestCheckpoint,
-    progress: tqdm,
-) -> tuple[str | None, dict]:
-    """Applies the stop rule and best tracking (saving a new best) to one evaluation; returns why the
-    phase stops now (or None) and the best record."""
-    dev, gap_metric = evaluated.dev.scores, ctx.task.gap_metric
-    stop_reason = tracker.update(
-        dev[ctx.primary_metric],
-        train_score=evaluated.train_score,
-        dev_score=dev.get(gap_metric),
-        gap_metric=gap_metric,
-    )
-    new_best = improved_best(
-        best, dev, ctx.primary_metric, phase=phase.name, step=step, global_step=global_step
-    )
-    if new_best is not None:
-        best = new_best
+def _log_train(ctx: Context, bar: "_StepBar") -> Callable[[Progress], None]:
+    """metrics.jsonl's train record of the steps since the last one, and the progress bar's numbers."""
+
+    def run(p: Progress) -> None:
+        stats = train_stats(jax.device_get(p.window), ctx.global_batch_size, time.time() - p.window_start)
+        ctx.report.train(global_step=p.global_step, metrics=stats)
+        bar.tqdm.set_postfix(loss=f"{stats['loss']:.4f}", ex_per_s=f"{stats['examples_per_s']:.1f}")
+        p.window, p.window_start = [], time.time()
+
+    return run
+
+
+def _evaluate_and_track(
+    ctx: Context, features: dict, best_checkpoint: checkpointing.BestCheckpoint, bar: "_StepBar"
+) -> Callable[[Progress], None]:
+    """Dev (and the gap rule's train subset) scored; the stop rule and the best-on-dev record (saving a
+    new best) updated from it."""
+
+    def run(p: Progress) -> None:
+        p.evaluated = evaluated = _evaluate(ctx, p.phase, p.state.params, features, p.step, p.global_step)
+        dev, gap_metric = evaluated.dev.scores, ctx.task.gap_metric
+        p.stop_reason = p.tracker.update(
+            dev[ctx.primary_metric],
+            train_score=evaluated.train_score,
+            dev_score=dev.get(gap_metric),
+            gap_metric=gap_metric,
+        )
+        where = {"phase": p.phase.name, "step": p.step, "global_step": p.global_step}
+        new_best = improved_best(p.best, dev, ctx.primary_metric, **where)
+        if new_best is not None:
+            p.best = new_best
+            with ctx.timer.phase("checkpoint_writes"):
+                best_checkpoint.save(p.global_step, p.state.params, p.best)
+        train_subset = (
+            f" train_subset {gap_metric}={evaluated.train_score:.4f}"
+            if evaluated.train_score is not None
+            else ""
+        )
+        scores = " ".join(f"{k}={v:.4f}" for k, v in dev.items())
+        bar.tqdm.write(f"{p.phase.name} step {p.step}: dev {scores}{train_subset}")
+
+    return run
+
+
+def _save(ctx: Context, periodic: checkpointing.PhaseCheckpoints) -> Callable[[Progress], None]:
+    """The phase's resumable state: train state, stop tracker, best record, wall time."""
+
+    def run(p: Progress) -> None:
+        meta = {"stop": p.tracker.state_dict(), "best": p.best, "wall_time_s": p.wall_time()}
         with ctx.timer.phase("checkpoint_writes"):
-            best_checkpoint.save(global_step, state.params, best)
-    train_subset = (
-        f" train_subset {gap_metric}={evaluated.train_score:.4f}" if evaluated.train_score is not None else ""
-    )
-    progress.write(
-        f"{phase.name} step {step}: dev " + " ".join(f"{k}={v:.4f}" for k, v in dev.items()) + train_subset
-    )
-    return stop_reason, best
+            periodic.save(p.step, p.state.as_dict(), meta)
+
+    return run
+
+
+def periodic_actions(
+    ctx: Context, phase: phases.Phase, checkpoints: _Checkpoints, features: dict, bar: "_StepBar"
+) -> list[PeriodicAction]:
+    """What runs after a step, in this order, each at its cadence: the train log, the dev evaluation
+    (with the stop rule and the best checkpoint), the periodic checkpoint (also when preempted, so the
+    stop loses nothing), then the observer's `step_ended`."""
+    spec, n = ctx.spec, phase.num_steps
+    return [
+        PeriodicAction("log", lambda p: due(p.step, spec.log_every_steps, n), _log_train(ctx, bar)),
+        PeriodicAction(
+            "evaluate",
+            lambda p: due(p.step, spec.eval_every_steps, n),
+            _evaluate_and_track(ctx, features, checkpoints.best, bar),
+        ),
+        PeriodicAction(
+            "checkpoint",
+            lambda p: p.step % spec.checkpoint_every_steps == 0 or p.preempted,
+            _save(ctx, checkpoints.periodic),
+        ),
+        PeriodicAction(
+            "observer",
+            lambda p: True,
+            lambda p: ctx.observer.step_ended(p.phase.name, p.step),
+            reads_params=False,
+        ),
+    ]
 
 
 def _phase_end(
-    ctx: Context,
-    phase: phases.Phase,
-    state: steps.TrainState,
-    *,
-    step: int,
-    global_offset: int,
-    stop_reason: str | None,
-    best: dict,
-    wall_time: float,
-    started: float,
-    features: dict[str, feature_cache.FeatureCache],
-    evaluated: _Evaluated | None,
-    frozen_backbone: bool,
+    ctx: Context, progress: Progress, features: dict[str, feature_cache.FeatureCache], frozen_backbone: bool
 ) -> dict:
     """The phase's record (results.json's `phases` entry), with the boundary measurements of a
-    frozen-backbone phase (also written to metrics.jsonl). `evaluated`: the last step's evaluation, reused
-    when there is one. `wall_time`: the phase's seconds before this process `started` it."""
+    frozen-backbone phase (also written to metrics.jsonl); the last step's evaluation is reused when
+    there is one."""
+    phase, step, evaluated = progress.phase, progress.step, progress.evaluated
     measured = None
     if frozen_backbone:
         with ctx.timer.phase("evaluation"):
@@ -430,7 +504,7 @@ def _phase_end(
                 ctx.evaluator,
                 ctx.datasets,
                 ctx.task.metrics,
-                state.params,
+                progress.state.params,
                 features=features,
                 dev=evaluated.dev if evaluated else None,
                 train=evaluated.train if evaluated else None,
@@ -439,22 +513,22 @@ def _phase_end(
         ctx.report.eval(
             phase=phase.name,
             step=step,
-            global_step=global_offset + step,
+            global_step=progress.global_step,
             split="boundary",
             metrics={k: v for k, v in measured.items() if isinstance(v, float)},
         )
-    noise = _stopped_on_noise(ctx, phase, stop_reason, evaluated)
-    stop_reason = stop_reason or phases.budget_reason(phase.num_steps)
+    noise = _stopped_on_noise(ctx, phase, progress.stop_reason, evaluated)
+    stop_reason = progress.stop_reason or phases.budget_reason(phase.num_steps)
     log.info("%s stopped after %d steps: %s", phase.name, step, stop_reason)
     record = {
         "phase": phase.name,
         "steps": step,
-        "end_global_step": global_offset + step,  # where the phase's boundary checkpoint sits
+        "end_global_step": progress.global_step,  # where the phase's boundary checkpoint sits
         "stop_reason": stop_reason,
-        "wall_time_s": wall_time + time.time() - started,
-        "best": best,
+        "wall_time_s": progress.wall_time(),
+        "best": progress.best,
         "learning_rates": phase.learning_rates,
-        "optimizer_state_bytes": optim.optimizer_state_bytes(state.opt_state),
+        "optimizer_state_bytes": optim.optimizer_state_bytes(progress.state.opt_state),
         "feature_cache_bytes": sum(cache.nbytes for cache in features.values()),
     }
     if measured is not None:
@@ -489,6 +563,32 @@ def _stopped_on_noise(
     return flags
 
 
+def batch_feed(
+    train: batching.Dataset,
+    *,
+    seed: int,
+    phase_index: int,
+    start_step: int,
+    global_batch_size: int,
+    buckets: tuple[int, ...],
+    with_index: bool,
+) -> Iterator[batching.Batch]:
+    """This process's rows of each global batch of a phase from `start_step` on, as host arrays: what the
+    step loop feeds (benchmarks time the same feed). A pure function of (seed, phase, step), so a
+    resumed phase replays the same batches. `with_index`: each row's example, which cached features are
+    looked up by."""
+    batches = batching.train_batches(
+        train,
+        start_step=start_step,
+        global_batch_size=global_batch_size,
+        seed=seed * 1000 + phase_index,
+        buckets=buckets,
+        with_index=with_index,
+    )
+    for batch in batches:
+        yield batching.process_slice(batch, jax.process_index(), jax.process_count())
+
+
 def run_phase(
     ctx: Context,
     phase: phases.Phase,
@@ -503,115 +603,69 @@ def run_phase(
     """Trains one phase to its stop, resuming from its latest checkpoint; `trained` marks the parameters
     the phase's rules train, `frozen` fingerprints the others (checkpointing.py). `best`: the run's
     best-on-dev record so far."""
-    config, mesh = ctx.spec, ctx.mesh
     phase_step = build_phase_step(
         phase,
         index,
         params,
         graphdef=ctx.graphdef,
         objective=ctx.task.objective,
-        mesh=mesh,
-        seed=config.seed,
-        max_grad_norm=config.max_grad_norm,
+        mesh=ctx.mesh,
+        seed=ctx.spec.seed,
+        max_grad_norm=ctx.spec.max_grad_norm,
     )
     checkpoints = _Checkpoints.open(ctx, phase, trained=trained, frozen=frozen)
-    state, tracker, best, wall_time = _restore_or_start(
-        ctx, phase, phase_step, checkpoints, params, global_offset, best
-    )
-    step = int(state.step)
+    progress = _restore_or_start(ctx, phase, phase_step, checkpoints, params, global_offset, best)
 
     preemption.install_sigterm_flag()
-    started = time.time()
+    progress.started = progress.window_start = time.time()
     frozen_backbone = not phases.trains_backbone(phase, ctx.param_names)
     # Built before the first step donates the state: its backbone is the phase's frozen one.
     with ctx.timer.phase("feature_cache"):  # built, or opened (shared by another run)
-        features = feature_caches(ctx, phase, state.params) if frozen_backbone else {}
+        features = feature_caches(ctx, phase, progress.state.params) if frozen_backbone else {}
     train_features = features["train"] if phase.feature_cache else None
-    stop_reason = None
-    evaluated = None  # the last step's evaluation, when it was evaluated
-    window: list[dict] = []  # the metrics of the steps since the last log
-    window_start = time.time()
-    bar = _StepBar(phase, step)
-    batches: Iterator = batching.train_batches(
+    bar = _StepBar(phase, progress.step)
+    actions = periodic_actions(ctx, phase, checkpoints, features, bar)
+    batches = batch_feed(
         ctx.datasets["train"].arrays,
-        start_step=step,
+        seed=ctx.spec.seed,
+        phase_index=index,
+        start_step=progress.step,
         global_batch_size=ctx.global_batch_size,
-        seed=config.seed * 1000 + index,
         buckets=ctx.buckets,
         with_index=train_features is not None,
     )
-    while stop_reason is None and step < phase.num_steps:
-        local = batching.process_slice(next(batches), jax.process_index(), jax.process_count())
-        ctx.observer.step_started(phase.name, step)
+    while progress.stop_reason is None and progress.step < phase.num_steps:
+        local = next(batches)
+        ctx.observer.step_started(phase.name, progress.step)
         if train_features is not None:
             local = train_features.attach(local)
-        state, step_metrics = phase_step.train_step(state, sharding.put_batch(local, mesh))
-        step += 1
-        window.append(step_metrics)
+        progress.state, step_metrics = phase_step.train_step(
+            progress.state, sharding.put_batch(local, ctx.mesh)
+        )
+        progress.step += 1
+        progress.window.append(step_metrics)
         bar.dispatched(step_metrics["loss"])
 
-        log_now = due(step, config.log_every_steps, phase.num_steps)
-        eval_now = due(step, config.eval_every_steps, phase.num_steps)
-        stop_now = preemption.should_stop(global_offset + step)  # every step, on every process
-        save_now = step % config.checkpoint_every_steps == 0 or stop_now
-        if log_now or eval_now or save_now:
+        progress.preempted = preemption.should_stop(progress.global_step)  # every step, on every process
+        progress.evaluated = None
+        due_now = [action for action in actions if action.due(progress)]
+        if any(action.reads_params for action in due_now):
             # Before anything reads the parameters: NaN is never logged as progress, evaluated, saved.
-            _raise_if_nonfinite(state, phase.name, checkpoints)
+            _raise_if_nonfinite(progress.state, phase.name, checkpoints)
             bar.waited()
-        if log_now:
-            stats = train_stats(jax.device_get(window), ctx.global_batch_size, time.time() - window_start)
-            ctx.report.train(global_step=global_offset + step, metrics=stats)
-            bar.tqdm.set_postfix(loss=f"{stats['loss']:.4f}", ex_per_s=f"{stats['examples_per_s']:.1f}")
-            window, window_start = [], time.time()
-        evaluated = None
-        if eval_now:
-            evaluated = _evaluate(ctx, phase, state.params, features, step, global_offset + step)
-            stop_reason, best = _after_evaluation(
-                ctx,
-                phase,
-                evaluated,
-                tracker,
-                best,
-                state,
-                step=step,
-                global_step=global_offset + step,
-                best_checkpoint=checkpoints.best,
-                progress=bar.tqdm,
-            )
-        if save_now:
-            meta = {
-                "stop": tracker.state_dict(),
-                "best": best,
-                "wall_time_s": wall_time + time.time() - started,
-            }
-            with ctx.timer.phase("checkpoint_writes"):
-                checkpoints.periodic.save(step, state.as_dict(), meta)
-        if stop_now:
+        for action in due_now:
+            action.run(progress)
+        if progress.preempted:
             checkpoints.close()
             bar.tqdm.close()  # before the message, so that it is the last line
-            raise preemption.stopped(f"{phase.name} step {step}")
-        if preemption.kill_requested(phase.name, step):
-            os.kill(os.getpid(), signal.SIGKILL)
+            raise preemption.stopped(f"{phase.name} step {progress.step}")
     bar.tqdm.close()
     with ctx.timer.phase("checkpoint_writes"):  # waits for background writes
         checkpoints.close()
 
-    boundaries.check_frozen(phase.name, state.params, trained, frozen)
-    record = _phase_end(
-        ctx,
-        phase,
-        state,
-        step=step,
-        global_offset=global_offset,
-        stop_reason=stop_reason,
-        best=best,
-        wall_time=wall_time,
-        started=started,
-        features=features,
-        evaluated=evaluated,
-        frozen_backbone=frozen_backbone,
-    )
+    boundaries.check_frozen(phase.name, progress.state.params, trained, frozen)
+    record = _phase_end(ctx, progress, features, frozen_backbone)
     # Cached features may round differently from the backbone's own outputs: only an evaluation without
     # them scored exactly what final scoring would.
-    dev_at_end = evaluated.dev if evaluated is not None and not features else None
-    return PhaseResult(state.params, record, dev_at_end)
+    dev_at_end = progress.evaluated.dev if progress.evaluated is not None and not features else None
+    return PhaseResult(progress.state.params, record, dev_at_end)

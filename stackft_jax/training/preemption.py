@@ -1,4 +1,4 @@
-"""When a run must stop early and save: SIGTERM (TPU preemption, `kill`, a scheduler), Ctrl-C and test kills.
+"""When a run must stop early and save: SIGTERM (TPU preemption, `kill`, a scheduler) and Ctrl-C.
 
 One process: a SIGTERM handler sets a flag that the step loop reads after each step, and train.py once
 more after each phase's boundary checkpoint (a signal during the phase's last evaluation or end
@@ -12,16 +12,11 @@ on every host.
 """
 
 import contextlib
-import os
 import signal
 from collections.abc import Iterator
 
 import jax
 from jax.experimental import multihost_utils
-
-# Test hook: "PHASE:STEP" makes the process SIGKILL itself right after that step, to prove that a run
-# killed at any moment resumes to the same result.
-KILL_AT_ENV = "STACKFT_JAX_KILL_AT"
 
 
 class Preempted(SystemExit):
@@ -114,7 +109,3 @@ def stopped(where: str) -> Preempted:
         f"{by}: checkpoint saved at {where}; rerun the same command to resume",
         exit_code=130 if by == "Ctrl-C" else 1,
     )
-
-
-def kill_requested(phase: str, step: int) -> bool:
-    return os.environ.get(KILL_AT_ENV, "") == f"{phase}:{step}"

@@ -1,0 +1,32 @@
+"""The main command, SIGKILLed right after one step: a test's stand-in for a host that dies at any moment
+(its checkpoint of that step, if one is due, written first). Installed by the tests, so the library's
+step loop checks for no test hook:
+
+    python tests/kill_after.py PHASE:STEP --config=... --workdir=...
+"""
+
+import functools
+import os
+import runpy
+import signal
+import sys
+from pathlib import Path
+
+sys.path.remove(str(Path(__file__).resolve().parent))  # tests/ is this script's folder, not a package root
+
+from stackft_jax.training import loop, train  # noqa: E402
+
+
+class KillAfter(loop.LoopObserver):
+    def __init__(self, where: str):
+        phase, _, step = where.partition(":")
+        self.phase, self.step = phase, int(step)
+
+    def step_ended(self, phase: str, step: int) -> None:
+        if (phase, step) == (self.phase, self.step):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    train.run = functools.partial(train.run, observer=KillAfter(sys.argv.pop(1)))
+    runpy.run_module("stackft_jax.main", run_name="__main__", alter_sys=True)
