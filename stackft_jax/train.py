@@ -31,6 +31,7 @@ from stackft_jax import (
     workdirs,
 )
 from stackft_jax.data import batching, task_spec, tokenization
+from stackft_jax.experiments import compute
 from stackft_jax.models import build
 from stackft_jax.report import RunReport
 from stackft_jax.spec import RunSpec
@@ -102,6 +103,8 @@ def run(
                 global_batch_size=global_batch,
                 scoring_s=time.time() - scoring_started,
             )
+            # What it cost, per phase (the same experiments/compute.run_compute derives for older runs).
+            results[compute.RESULTS_KEY] = compute.of_results(run_spec, results)
             ctx.report.sort_records()
             ctx.report.results(results)
             ctx.report.close()
