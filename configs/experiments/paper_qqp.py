@@ -83,7 +83,8 @@ def test(c: ml_collections.ConfigDict) -> None:
     docs/grids/paper_qqp_test. Budgets and rates stay those chosen on dev for `small`; the runs are
     deterministic, so their dev numbers equal the `small` grid's runs of the same cell and seed.
 
-    Plus finetune-only at stack-and-finetune's FLOPs per head (MATCHED below: 665 steps for both heads),
+    Plus finetune-only at stack-and-finetune's FLOPs per head (MATCHED below: 665 steps for both heads
+    on one device; the count follows the global batch, as the cached forward over the train split is fixed),
     the cells `strategy=finetune_only@matched_flops:stack_and_finetune-name=<head>`. A workdir that ran
     this preset before they were added takes them with --allow_config_change and keeps its 30 finished
     runs. Their cost, from the `small` grid's timings.json (means per run, one shard per core of the
@@ -101,9 +102,10 @@ def test(c: ml_collections.ConfigDict) -> None:
 # Finetune-only at stack-and-finetune's FLOPs, per head (experiments/budgets.py). FLOPs, because the
 # question is whether stack-and-finetune's gain is extra training compute: by FLOPs its 120 head-only
 # steps cost almost nothing but their cached features cost one backbone forward over the 17,497 training
-# pairs (a third of a fine-tuning step's FLOPs per pair), so the baseline gets 665 steps (10,640 pairs);
-# matched by optimizer steps it would get 420, counting each cheap head step as a fine-tuning one, and by
-# examples 1,394, counting a forward-only cached pair as a fine-tuning pair (3 forwards' worth).
+# pairs (a third of a fine-tuning step's FLOPs per pair), so the baseline gets 665 steps (10,640 pairs,
+# on one device); matched by optimizer steps it would get 420, counting each cheap head step as a
+# fine-tuning one, and by examples 1,394, counting a forward-only cached pair as a fine-tuning pair (3
+# forwards' worth).
 MATCHED = "strategy=finetune_only@matched_flops:stack_and_finetune"
 
 

@@ -56,7 +56,8 @@ def test(c: ml_collections.ConfigDict) -> None:
     two grids share are equal.
 
     Plus finetune-only at stack-and-finetune's FLOPs per head (`strategy=finetune_only@matched_flops:
-    stack_and_finetune`, experiments/budgets.py): 225 steps (226 with cls_mlp, whose head is counted),
+    stack_and_finetune`, experiments/budgets.py): on one device 225 steps (226 with cls_mlp, whose head
+    is counted),
     stack-and-finetune's 150 fine-tuning steps plus its cached features' one forward over the 3,600
     training questions, what 75 fine-tuning steps of 16 cost. FLOPs, not steps (300): the 150 head-only
     steps on cached features cost a small part of a fine-tuning step each; the question is whether the

@@ -24,7 +24,6 @@ counts where models/flops.py counts it (`head_counted`).
 
 import dataclasses
 import json
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -188,7 +187,9 @@ def planned(run_spec: RunSpec, *, train_examples: int, global_batch_size: int) -
     (no early stop, no shared cache), over a train split of `train_examples` examples; `run_compute`'s
     shape, without wall seconds."""
     model, encoder = _model(run_spec)
-    steps_per_epoch = max(1, math.ceil(train_examples / global_batch_size))
+    # Full batches, as batching.steps_per_epoch (which counts rows: a CoNLL sentence longer than
+    # max_seq_length is several, so an epoch budget may plan a few steps short there).
+    steps_per_epoch = max(1, train_examples // global_batch_size)
     plan = run_spec.plan(steps_per_epoch, encoder.num_hidden_layers, has_pooler=encoder.family.has_pooler)
     per_phase = [
         _phase(
