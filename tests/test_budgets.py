@@ -155,3 +155,61 @@ def test_the_committed_conll_grid_ran_with_the_token_accuracy_gap_and_still_read
     copy = _copy_records("docs/grids/paper_conll_small", tmp_path)
     grid.plan_grid(small, copy, allow_config_change=True)
     assert _states(small, copy) == {grid.FINISHED: 18}
+
+
+# The presets (configs/experiments/*.py).
+
+
+@pytest.mark.parametrize(
+    ("preset", "heads", "test_file"),
+    [
+        ("paper_qqp.py:test", ["cls_mlp", "sim_transformer"], "../shared/data/qqp/test.tsv"),
+        (
+            "paper_yahoo.py:test",
+            ["cls_mlp", "densenet", "highway_lstm"],
+            "../shared/data/yahoo_answers/test.csv",
+        ),
+        ("paper_conll.py:test", ["token_mlp", "bilstm_crf"], "../shared/data/conll2003/eng.testb"),
+    ],
+)
+def test_the_test_presets_give_finetune_only_stack_and_finetunes_flops(preset, heads, test_file):
+    g = config_cli.load(f"configs/experiments/{preset}", [], kind="grid")
+    runs = cells.runs_of(g)
+    assert g.num_seeds == 5
+    matched = [r for r in runs if r.matched is not None and r.seed == 0]
+    assert [dict(r.cell)["head.name"] for r in matched] == heads
+    for run in matched:
+        config = grid.run_config(g, run)
+        assert config.strategy == "finetune_only" and config.data.test_file == test_file
+        assert (config.matched_budget.rule, config.matched_budget.compared) == ("flops", "stack_and_finetune")
+        # more than stack-and-finetune's fine-tuning steps: its phase 1's cached forward is added
+        assert config.phase2.num_steps > (150 if "yahoo" in preset else 300)
+
+
+def test_the_conll_test_preset_runs_the_gap_rule_on_entity_f1():
+    g = config_cli.load("configs/experiments/paper_conll.py:test", [], kind="grid")
+    run = next(r for r in cells.runs_of(g) if dict(r.cell)["strategy"] == "stack_and_finetune")
+    assert spec.binding_form(grid.run_spec(g, run))["config"]["phase1"]["gap_metric"] == "f1"
+    assert {dict(r.cell)["strategy"] for r in cells.runs_of(g)} == {
+        "finetune_only",
+        "stack_and_finetune",
+        MATCHED,
+    }
+
+
+def test_the_phase1_dropout_preset_separates_the_dropout_mismatch_from_a_weaker_head():
+    g = config_cli.load("configs/experiments/phase1_dropout.py:separate", [], kind="grid")
+    configs = {dict(r.cell)["recipe"]: grid.run_config(g, r) for r in cells.runs_of(g) if r.seed == 0}
+    small = config_cli.load("configs/experiments/phase1_dropout.py:small", [], kind="grid")
+    for run in (r for r in cells.runs_of(small) if r.seed == 0):  # its runs, reusable
+        assert config_cli.to_plain(grid.run_config(small, run)) == config_cli.to_plain(
+            configs[dict(run.cell)["recipe"]]
+        )
+    cached = config_cli.to_plain(configs["cached"])
+    no_dropout = config_cli.to_plain(configs["cached_no_dropout"])
+    assert no_dropout["model"].pop("dropout_rate") == 0.0 and cached["model"].pop("dropout_rate") is None
+    assert no_dropout == cached  # the backbone's dropout off in phase 2, nothing else
+    short = config_cli.to_plain(configs["cached_30_steps"])
+    assert short["phase1"].pop("num_steps") == 30 and cached["phase1"].pop("num_steps") == 120
+    cached["model"]["dropout_rate"] = None
+    assert short == cached  # a 30-step phase 1, nothing else
