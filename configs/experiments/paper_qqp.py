@@ -90,7 +90,7 @@ def test(c: ml_collections.ConfigDict) -> None:
     runs. Their cost, from the `small` grid's timings.json (means per run, one shard per core of the
     2-core machine at load 4-5): finetune-only 351 s (cls_mlp) and 385 s (Sim-Transformer) at 300 steps,
     so about 780 s and 850 s at 665 steps, plus the test pass: the 10 matched runs take about 2.3
-    core-hours (the 30 other runs about 4)."""
+    core-hours (the 30 other runs about 3.5)."""
     small(c)
     c.base += ",data.test_file=../shared/data/qqp/test.tsv"
     c.axes = (
