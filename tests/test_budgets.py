@@ -106,8 +106,9 @@ def _states(g, workdir) -> dict[str, int]:
 
 def test_adding_matched_cells_to_a_grid_workdir_keeps_its_finished_runs(tmp_path):
     workdir = _copy_records("docs/grids/paper_qqp_small", tmp_path)
-    small = config_cli.load("configs/experiments/paper_qqp.py:small", [], kind="grid")
-    grid.plan_grid(small, workdir)  # the grid config gained `matched = ""`: the same grid
+    grid.plan_grid(
+        _load("configs/experiments/paper_qqp.py:small", matched=""), workdir
+    )  # no cells: the same grid
     more = _load("configs/experiments/paper_qqp.py:small", matched=f"strategy={MATCHED}")
     with pytest.raises(workdirs.ConfigMismatch, match="grid.matched"):
         grid.plan_grid(more, workdir)
@@ -150,10 +151,8 @@ def test_the_committed_conll_grid_ran_with_the_token_accuracy_gap_and_still_read
     f1 = _load("configs/experiments/paper_conll.py:small", base=small.base + ",phase1.gap_metric=f1")
     # stack-and-finetune's 6 runs ran another gap rule; the others have no gap rule
     assert _states(f1, workdir) == {grid.FINISHED: 12, grid.STARTED: 6}
-    # A rerun of its workdir: the base now spells out the metric, so the grid binding differs; taken on
-    # purpose, every run stays finished.
     copy = _copy_records("docs/grids/paper_conll_small", tmp_path)
-    grid.plan_grid(small, copy, allow_config_change=True)
+    grid.plan_grid(small, copy)  # a rerun of its workdir: the same grid config
     assert _states(small, copy) == {grid.FINISHED: 18}
 
 

@@ -96,7 +96,7 @@ def test(c: ml_collections.ConfigDict) -> None:
     c.axes = (
         "strategy=finetune_only|finetune_only_uniform|stack_and_finetune; head.name=cls_mlp|sim_transformer"
     )
-    c.matched = MATCHED
+    c.matched = MATCHED  # "key=value@matched_<steps|examples|flops>:compared" (experiments/budgets.py)
 
 
 # Finetune-only at stack-and-finetune's FLOPs, per head (experiments/budgets.py). FLOPs, because the
@@ -126,6 +126,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # "4.7% accuracy improvement in semantic similarity task".
     # So the report's paper layout says "not found" for every cell.
     c.paper_results = ""
-    c.matched = ""  # matched-budget cells: "key=value@matched_<steps|examples|flops>:compared" (budgets.py)
     config_cli.apply_items(c, arg, {"small": small, "short": short, "test": test})
     return c

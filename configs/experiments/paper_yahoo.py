@@ -69,6 +69,7 @@ def test(c: ml_collections.ConfigDict) -> None:
     small(c)
     c.base += ",data.test_file=../shared/data/yahoo_answers/test.csv"
     c.axes = "strategy=finetune_only|stack_and_finetune; head.name=cls_mlp|densenet|highway_lstm"
+    # Matched-budget cells, "key=value@matched_<steps|examples|flops>:compared" (experiments/budgets.py).
     c.matched = "strategy=finetune_only@matched_flops:stack_and_finetune"
 
 
@@ -88,6 +89,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # "0.72% accuracy improvement in the text classification task".
     # So the report's paper layout says "not found" for every cell.
     c.paper_results = ""
-    c.matched = ""  # matched-budget cells: "key=value@matched_<steps|examples|flops>:compared" (budgets.py)
     config_cli.apply_items(c, arg, {"small": small, "test": test})
     return c
