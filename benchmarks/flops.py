@@ -1,4 +1,5 @@
-"""Model FLOPs of a BERT step and model FLOPs utilisation (MFU) against a device's peak.
+"""Model FLOPs of a BERT step and model FLOPs utilisation (MFU) against a device's peak; the counting
+itself is the library's (stackft_jax/models/flops.py, which a run's compute record uses too).
 
 Model FLOPs count only the matmuls the model needs (as in the PaLM paper's MFU), whatever the compiler
 or the hardware really executes: per token and layer, 2 * (4 H^2 + 2 H I) for the Q/K/V/output and
@@ -9,6 +10,8 @@ embeddings lookups are left out (under 1 % for the cls_mlp head on BERT).
 """
 
 from __future__ import annotations
+
+from stackft_jax.models.flops import BACKWARD_FACTOR, forward_flops
 
 # Dense bfloat16 peak FLOP/s per device (vendor datasheets), by the start of `jax.Device.device_kind`.
 PEAK_BF16_FLOPS = {
@@ -30,14 +33,7 @@ PEAK_BF16_FLOPS = {
     "NVIDIA T4": 65e12,  # fp16
 }
 
-FORWARD_PASSES = {"full": 3.0, "phase1": 1.0, "eval": 1.0}
-
-
-def forward_flops(*, num_layers: int, hidden: int, intermediate: int, batch: int, seq_len: int) -> float:
-    """Matmul FLOPs of one BERT encoder forward over `batch` x `seq_len` tokens."""
-    tokens = batch * seq_len
-    per_token_per_layer = 2 * (4 * hidden * hidden + 2 * hidden * intermediate) + 2 * 2 * seq_len * hidden
-    return float(tokens * num_layers * per_token_per_layer)
+FORWARD_PASSES = {"full": BACKWARD_FACTOR, "phase1": 1.0, "eval": 1.0}
 
 
 def step_flops(case: str, **shape: int) -> float:

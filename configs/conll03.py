@@ -48,6 +48,10 @@ def mini(c: ml_collections.ConfigDict) -> None:
     c.phase2.backbone_learning_rate = 5e-5
     c.eval_every_steps = 200
     c.checkpoint_every_steps = 200
+    # Token accuracy, what the committed CPU grids built on this preset ran with (docs/grids/
+    # paper_conll_small, pilot_conll), so they read back as finished; new grids set
+    # phase1.gap_metric=f1, the task's own (paper_conll.py:test).
+    c.phase1.gap_metric = "accuracy"
 
 
 PRESETS = {"demo": demo, "mini": mini}
@@ -63,6 +67,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Wang et al.: phase 1 at lr 1e-3 until just before the head overfits; phase 2 at a low rate.
     c.phase1.learning_rate = 1e-3
     c.phase1.num_epochs = 1.0
+    # The gap rule compares entity F1 (phase1.gap_metric "" = the task's primary metric): token accuracy,
+    # near 1 on NER, moved by at most 0.011 while the entity-F1 gap was 0.04-0.085, so with it the 0.02
+    # rule never fired (docs/grids/paper_conll_small ran so: the `mini` preset keeps it for that grid).
     c.phase2.backbone_learning_rate = 3e-5
     c.phase2.num_epochs = 3.0
     c.eval_every_steps = 500

@@ -21,6 +21,12 @@ A grid config (configs/experiments/*.py) holds:
             combination of the other axes' values; the report builds them from the finished runs in
             WORKDIR/ensembles/ and shows each as a cell whose value is `v1+v2` (compared with the
             baseline like any cell); classification only, refused before training otherwise
+  matched   optional, "" by default: "key=value@matched_<rule>:compared|...; ..." adds to axis `key` the
+            cell `value@matched_<rule>:compared` (per combination of the other axes' values and seed):
+            `value`'s settings with its one phase's num_steps set so that it costs what `compared`
+            plans to cost, by rule steps | examples (through the backbone's forward) | flops
+            (experiments/budgets.py); each such run's config records the rule and the budget
+            (`matched_budget.*`), e.g. "strategy=finetune_only@matched_flops:stack_and_finetune"
   paper_results optional, "" by default: "<cell name>: <gain in points>; ..." the gain over the baseline
             that a paper reports for that cell (source in the grid config's comment); the report's
             paper-layout table shows it beside the measured gain, `not found` where it has none

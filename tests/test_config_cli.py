@@ -219,8 +219,8 @@ def test_show_comments_the_keys_of_written_phases():
     lines = []
     config_cli.show(config, out=_Lines(lines))
     written = [line for line in lines if line.startswith("phases.")]
-    # 2 + 13 keys per phase (BLOCK_DEFAULTS) and a rate per group: "top" has two.
-    assert len(written) == 16 + 17 + 16 and all("  # " in line for line in written)
+    # 2 + 14 keys per phase (BLOCK_DEFAULTS) and a rate per group: "top" has two.
+    assert len(written) == 17 + 18 + 17 and all("  # " in line for line in written)
     rate = next(line for line in written if line.startswith("phases.1.learning_rates.top "))
     assert rate.endswith("# peak learning rate per trained group of `rules` (the group `frozen` has none)")
 

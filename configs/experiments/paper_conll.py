@@ -52,6 +52,36 @@ def small(c: ml_collections.ConfigDict) -> None:
     )
 
 
+def test(c: ml_collections.ConfigDict) -> None:
+    """The headline cells with the held-out test split (eng.testb) scored once per run, 5 seeds, and the
+    gap rule on entity F1 (the task's own; `small` compared token accuracy, whose gap never fired):
+    finetune-only and stack-and-finetune x token_mlp and bilstm_crf, and finetune-only at
+    stack-and-finetune's FLOPs per head (`finetune_only@matched_flops:stack_and_finetune`, on one device
+    447 steps for bilstm_crf and 451 for token_mlp, whose per-token head is counted: stack-and-finetune's
+    300 fine-tuning steps plus its cached features' one forward over the 14,041 training sentences,
+    which costs what about 147 fine-tuning steps of 32 cost). FLOPs rather than steps: its
+    600 head-only steps on cached features cost under 1 % of a fine-tuning step each, and matching them
+    step for step (900 steps) would triple the baseline's compute; 447-451 steps still cover the pilot's
+    question whether finetune-only gains past 300 steps (F1 0.859 at 300, 0.863 at 400). Stack-and-finetune's
+    phase 1 may now stop early on the entity-F1 gap; the matched budget is its planned one (no early stop).
+      taskset -c 0 python -m stackft_jax.experiment --config=configs/experiments/paper_conll.py:test \
+        --workdir=docs/grids/paper_conll_test --shard=0/2 &
+      taskset -c 1 python -m stackft_jax.experiment --config=configs/experiments/paper_conll.py:test \
+        --workdir=docs/grids/paper_conll_test --shard=1/2
+    Cost, from the small grid's timings.json (means per run at load 5-8 on the 2-core machine):
+    finetune-only 1,566 s (token_mlp) and 1,207 s (bilstm_crf), stack-and-finetune 623 s and 1,485 s,
+    the matched cells about 450/300 of finetune-only's: 2,350 s and 1,800 s; with the test pass (3,453
+    sentences, about 60 s) per run, the 30 runs take about 12.5 core-hours at that load (the 10 matched
+    ones 5.8), less on quiet cores (the pilot's 3.4 s per fine-tuning step was measured at load 5-8)."""
+    small(c)
+    c.num_seeds = 5
+    c.axes = "strategy=finetune_only|stack_and_finetune; head.name=token_mlp|bilstm_crf"
+    # The task's own gap metric, entity F1 (conll03.py:mini keeps the token accuracy `small` ran with).
+    c.base += ",phase1.gap_metric=f1,data.test_file=../shared/data/conll2003/eng.testb"
+    # Matched-budget cells, "key=value@matched_<steps|examples|flops>:compared" (experiments/budgets.py).
+    c.matched = "strategy=finetune_only@matched_flops:stack_and_finetune"
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.base = "configs/conll03.py"  # the experiment config every run starts from: FILE.py[:presets,key=value]
@@ -67,5 +97,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # "0.99% accuracy improvement in sequence labeling task".
     # So the report's paper layout says "not found" for every cell.
     c.paper_results = ""
-    config_cli.apply_items(c, arg, {"small": small})
+    config_cli.apply_items(c, arg, {"small": small, "test": test})
     return c

@@ -81,12 +81,32 @@ def test(c: ml_collections.ConfigDict) -> None:
     """The headline cells of `small` rerun with the held-out test split scored once per run (the paper's
     light head and Sim-Transformer x both finetune-only recipes and stack-and-finetune), 5 seeds:
     docs/grids/paper_qqp_test. Budgets and rates stay those chosen on dev for `small`; the runs are
-    deterministic, so their dev numbers equal the `small` grid's runs of the same cell and seed."""
+    deterministic, so their dev numbers equal the `small` grid's runs of the same cell and seed.
+
+    Plus finetune-only at stack-and-finetune's FLOPs per head (MATCHED below: 665 steps for both heads
+    on one device; the count follows the global batch, as the cached forward over the train split is fixed),
+    the cells `strategy=finetune_only@matched_flops:stack_and_finetune-name=<head>`. A workdir that ran
+    this preset before they were added takes them with --allow_config_change and keeps its 30 finished
+    runs. Their cost, from the `small` grid's timings.json (means per run, one shard per core of the
+    2-core machine at load 4-5): finetune-only 351 s (cls_mlp) and 385 s (Sim-Transformer) at 300 steps,
+    so about 780 s and 850 s at 665 steps, plus the test pass: the 10 matched runs take about 2.3
+    core-hours (the 30 other runs about 3.5)."""
     small(c)
     c.base += ",data.test_file=../shared/data/qqp/test.tsv"
     c.axes = (
         "strategy=finetune_only|finetune_only_uniform|stack_and_finetune; head.name=cls_mlp|sim_transformer"
     )
+    c.matched = MATCHED  # "key=value@matched_<steps|examples|flops>:compared" (experiments/budgets.py)
+
+
+# Finetune-only at stack-and-finetune's FLOPs, per head (experiments/budgets.py). FLOPs, because the
+# question is whether stack-and-finetune's gain is extra training compute: by FLOPs its 120 head-only
+# steps cost almost nothing but their cached features cost one backbone forward over the 17,497 training
+# pairs (a third of a fine-tuning step's FLOPs per pair), so the baseline gets 665 steps (10,640 pairs,
+# on one device); matched by optimizer steps it would get 420, counting each cheap head step as a
+# fine-tuning one, and by examples 1,394, counting a forward-only cached pair as a fine-tuning pair (3
+# forwards' worth).
+MATCHED = "strategy=finetune_only@matched_flops:stack_and_finetune"
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -53,10 +53,24 @@ def test(c: ml_collections.ConfigDict) -> None:
     """`small` with the held-out test split scored once per run, and the paper's light-head baseline
     (finetune-only cls_mlp) beside both ensemble members, 5 seeds: docs/grids/paper_yahoo_test. Budgets
     stay those chosen on dev for `small`; its runs are deterministic, so the dev numbers of the cells the
-    two grids share are equal."""
+    two grids share are equal.
+
+    Plus finetune-only at stack-and-finetune's FLOPs per head (`strategy=finetune_only@matched_flops:
+    stack_and_finetune`, experiments/budgets.py): on one device 225 steps (226 with cls_mlp, whose head
+    is counted),
+    stack-and-finetune's 150 fine-tuning steps plus its cached features' one forward over the 3,600
+    training questions, what 75 fine-tuning steps of 16 cost. FLOPs, not steps (300): the 150 head-only
+    steps on cached features cost a small part of a fine-tuning step each; the question is whether the
+    gain is extra compute. (Yahoo's finetune-only curve is flat from 50 to 600 steps in the pilot, so
+    either budget tests the same.) Cost of the 15 matched runs, from the `small` grid's timings.json
+    (means per run at load 4-5): finetune-only 416 s (DenseNet) and 312 s (Highway-LSTM) at 150 steps,
+    cls_mlp about 360 s (the pilot's 2.4 s per step): at 225 steps about 620, 470 and 540 s, about 2.3
+    core-hours with their test passes (the 30 other runs about 3)."""
     small(c)
     c.base += ",data.test_file=../shared/data/yahoo_answers/test.csv"
     c.axes = "strategy=finetune_only|stack_and_finetune; head.name=cls_mlp|densenet|highway_lstm"
+    # Matched-budget cells, "key=value@matched_<steps|examples|flops>:compared" (experiments/budgets.py).
+    c.matched = "strategy=finetune_only@matched_flops:stack_and_finetune"
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

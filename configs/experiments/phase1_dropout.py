@@ -37,6 +37,31 @@ def small(c: ml_collections.ConfigDict) -> None:
     c.base += ",head=bimpm,strategy=stack_and_finetune"
 
 
+def separate(c: ml_collections.ConfigDict) -> None:
+    """`small` and the two cells that tell its two explanations apart. With dropout on in phase 1 the
+    stacked BiMPM ended 2.4 points higher; either (a) the dropout mismatch: a head trained on dropout-free
+    features loses in phase 2 when the backbone's dropout switches on, or (b) a weaker head: dropout makes
+    phase 1's head weaker, and a weaker head leaves phase 2 more to do (docs/phase1_length.md: a 30-step
+    phase 1, 0.62 on the frozen backbone, ended higher than 120 steps, 0.70).
+      cached_no_dropout  cached phase 1 as `cached`, and no backbone dropout in phase 2 either
+                         (model.dropout_rate=0: the cache is the same, fingerprinted without dropout): the
+                         mismatch gone, the head as strong. Recovers under (a), not (b).
+      cached_30_steps    cached phase 1 of 30 steps, dropout on in phase 2: a weaker head, the mismatch
+                         kept. Recovers under (b), not (a).
+    The other 15 runs are phase1_dropout_small's (the same configs), copied:
+      taskset -c 0 python -m stackft_jax.experiment --config=configs/experiments/phase1_dropout.py:separate \
+        --workdir=docs/grids/phase1_dropout_separate --reuse_runs_from=docs/grids/phase1_dropout_small \
+        --shard=0/2 &   (and --shard=1/2 on the other core)
+    Cost: the 10 new runs are stack-and-finetune BiMPM runs as `cached` (464 s per run in the QQP grid's
+    timings.json, at load 4-5): about 1.3 core-hours."""
+    small(c)
+    c.axes = (
+        _RECIPES
+        + "|cached_no_dropout:phase1.backbone_dropout=False,phase1.feature_cache=True,model.dropout_rate=0.0"
+        + "|cached_30_steps:phase1.backbone_dropout=False,phase1.feature_cache=True,phase1.num_steps=30"
+    )
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.base = "configs/quora.py:head=bimpm,strategy=stack_and_finetune"  # bert-base-uncased, GLUE QQP
@@ -44,5 +69,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.num_seeds = 5  # seeds 0 .. num_seeds-1 per cell
     c.baseline = "recipe=finetune_only"  # the cell every other value of this axis is compared with
     c.metric = "accuracy"  # the dev metric of the comparisons (the paper's measure)
-    config_cli.apply_items(c, arg, {"small": small})
+    config_cli.apply_items(c, arg, {"small": small, "separate": separate})
     return c

@@ -11,6 +11,7 @@ A value cannot contain a comma (the `:` list is comma-separated).
 """
 
 import ast
+import copy
 import difflib
 import importlib.util
 import inspect
@@ -27,6 +28,7 @@ from typing import Any
 import ml_collections
 
 from stackft_jax.config import defaults, phases
+from stackft_jax.data import tasks
 from stackft_jax.runtime.cli_errors import ConfigError
 
 SHORTHANDS = {"task": "data.task", "head": "head.name"}
@@ -247,7 +249,7 @@ def recorded_run_config(path: Path) -> ml_collections.ConfigDict:
             f'{path}: no "config" object; a run\'s config.json or results.json holds its config'
         )
     config = defaults.get_config()
-    overlay_recorded(config, record["config"])
+    overlay_recorded(config, with_legacy_keys(record["config"]))
     for block in [config.phase1, *config.phases]:
         # Where the recorded run kept its features (a grid's shared folder, perhaps on another machine)
         # is no part of what it computes: this run keeps its own.
@@ -276,6 +278,21 @@ def _recorded_block(plain: Mapping[str, Any]) -> ml_collections.ConfigDict:
     return phases.block(
         plain["name"], rules=plain["rules"], learning_rates=plain["learning_rates"], **options
     )
+
+
+def with_legacy_keys(plain: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded config (JSON form) with the keys it predates set to what its run did: phases without
+    `gap_metric` compared the task's `legacy_gap_metric` (token accuracy on NER, not entity F1)."""
+    plain = copy.deepcopy(dict(plain))
+    try:
+        legacy = tasks.get_task(plain["data"]["task"]).legacy_gap_metric
+    except (KeyError, ValueError):  # no task it names now: resolve says so
+        return plain
+    blocks = [plain[alias] for alias in ("phase1",) if isinstance(plain.get(alias), dict)]
+    blocks += [b for b in plain.get("phases") or [] if isinstance(b, dict)]
+    for block in blocks:
+        block.setdefault("gap_metric", legacy)
+    return plain
 
 
 def _check_kind(config: ml_collections.ConfigDict, path: str, kind: str) -> None:

@@ -86,8 +86,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.phase1.warmup_ratio = 0.0  # warm-up as a fraction of the budget
     c.phase1.schedule = "constant"  # constant | warmup_linear | slanted_triangular
     c.phase1.weight_decay = 0.01  # AdamW decay on kernels and embeddings (never biases, LayerNorm)
-    c.phase1.max_train_dev_gap = 0.02  # stop once train accuracy exceeds dev accuracy by this much
+    c.phase1.max_train_dev_gap = 0.02  # stop once the gap metric on train exceeds dev's by this much
     c.phase1.gap_eval_examples = 2000  # train examples scored (eval mode) to measure that gap
+    # The metric of that gap; "": the task's primary one (accuracy; entity F1 on NER; pearson on STS-B).
+    # Runs recorded before this key compared NER's token accuracy, and read back as such (spec.py).
+    c.phase1.gap_metric = ""
     c.phase1.patience_evals = 0  # stop after this many evals without dev improvement; 0: off
     # With backbone dropout off, the frozen backbone maps each example to the same features at every
     # step, so `feature_cache` can compute them once and train the head on them (stackft_jax/
@@ -137,4 +140,10 @@ def get_config() -> ml_collections.ConfigDict:
     # Compiled programs on disk, reused by later runs (command line only; runtime/compilation_cache.py).
     # "auto": $JAX_COMPILATION_CACHE_DIR, else ~/.cache/stackft_jax/jax_compilation_cache; "none": off.
     c.compilation_cache_dir = "auto"
+    # Set by a grid's matched-budget cells (`matched`, stackft_jax/experiments/budgets.py), for the
+    # report; they change nothing the run computes (its phase's num_steps carries the budget).
+    c.matched_budget = ml_collections.ConfigDict()
+    c.matched_budget.rule = ""  # steps | examples | flops; "": not a matched cell
+    c.matched_budget.compared = ""  # the axis value whose planned budget this run got
+    c.matched_budget.budget = 0.0  # that budget in the rule's unit (steps, examples or FLOPs)
     return c

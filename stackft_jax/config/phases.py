@@ -50,10 +50,10 @@ FROZEN = "frozen"  # the group of a rule whose parameters a phase does not train
 
 @dataclasses.dataclass(frozen=True)
 class StopRule:
-    """A phase stops at the first of: its step budget; the task's gap metric (accuracy, or e.g. STS-B's
-    pearson) on train exceeding dev by more than `max_train_dev_gap` (Wang et al.: hand phase 2 a head
-    that has not yet overfitted); the dev metric not improving for `patience_evals` evaluations. None
-    disables a rule."""
+    """A phase stops at the first of: its step budget; the phase's gap metric (`Phase.gap_metric`: the
+    task's primary metric unless set, e.g. accuracy, STS-B's pearson, NER's entity F1) on train exceeding
+    dev by more than `max_train_dev_gap` (Wang et al.: hand phase 2 a head that has not yet overfitted);
+    the dev metric not improving for `patience_evals` evaluations. None disables a rule."""
 
     max_train_dev_gap: float | None = None
     patience_evals: int | None = None
@@ -70,6 +70,7 @@ class Phase:
     weight_decay: float
     stop: StopRule
     gap_eval_examples: int = 0  # train examples scored in eval mode for the train/dev gap
+    gap_metric: str = ""  # the metric that gap compares; "": the task's (TaskSpec.gap_metric)
     backbone_dropout: bool = True  # False: the backbone runs deterministically, the head keeps dropout
     feature_cache: bool = False  # train from stored backbone features (frozen, dropout-free backbone)
     feature_cache_dtype: str = "float32"
@@ -100,6 +101,7 @@ BLOCK_DEFAULTS = {
     "weight_decay": 0.01,  # AdamW decay on kernels and embeddings
     "max_train_dev_gap": placeholder(float),  # stop once train accuracy exceeds dev by this; None: off
     "gap_eval_examples": 0,  # train examples scored to measure that gap
+    "gap_metric": "",  # the metric of that gap; "": the task's primary one (entity F1 on NER)
     "patience_evals": 0,  # stop after this many evals without dev improvement; 0: off
     "backbone_dropout": True,  # the backbone runs in training mode (with dropout)
     "feature_cache": False,  # train the head on stored backbone features (frozen, dropout-free)
@@ -122,6 +124,7 @@ ALIAS_DEFAULTS = {
         "weight_decay": 0.01,
         "max_train_dev_gap": 0.02,
         "gap_eval_examples": 2000,
+        "gap_metric": "",
         "patience_evals": 0,
         "backbone_dropout": True,
         "feature_cache": False,
@@ -193,6 +196,7 @@ def _frozen_backbone_block(name: str, config: ml_collections.ConfigDict, *, guar
         **{key: p1[key] for key in ("schedule", "weight_decay", "patience_evals", "backbone_dropout")},
         max_train_dev_gap=p1.max_train_dev_gap if guard else None,
         gap_eval_examples=p1.gap_eval_examples if guard else 0,
+        gap_metric=p1.gap_metric if guard else "",
         feature_cache=p1.feature_cache,
         feature_cache_dtype=p1.feature_cache_dtype,
         feature_cache_dir=p1.feature_cache_dir,
@@ -451,6 +455,7 @@ def to_phase(b: ml_collections.ConfigDict, steps_per_epoch: int, source: str) ->
         weight_decay=b.weight_decay,
         stop=StopRule(max_train_dev_gap=b.max_train_dev_gap, patience_evals=b.patience_evals or None),
         gap_eval_examples=b.gap_eval_examples if b.max_train_dev_gap is not None else 0,
+        gap_metric=b.gap_metric if b.max_train_dev_gap is not None else "",
         backbone_dropout=b.backbone_dropout,
         feature_cache=b.feature_cache,
         feature_cache_dtype=b.feature_cache_dtype,

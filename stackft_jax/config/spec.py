@@ -11,7 +11,6 @@ default leaves an old workdir's form unchanged, and a preset binds the phases it
 Nothing here imports jax itself (the task and head registries it reads do, but no backend starts).
 """
 
-import copy
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
@@ -48,6 +47,7 @@ _NEUTRAL = (
     "async_checkpointing",
     "eval_per_device_batch_size",
     "compilation_cache_dir",
+    "matched_budget",  # a record of how a grid chose the step count (experiments/budgets.py)
 )
 
 
@@ -106,10 +106,6 @@ class RunSpec:
     # ...whose inputs are these alias blocks (only those it reads: phase1, phase2, unfreezing).
     aliases: ml_collections.ConfigDict
     raw: dict[str, Any] = dataclasses.field(compare=False, repr=False)  # the config, plain (results.json)
-
-    @property
-    def gap_metric(self) -> str:
-        return self.task.gap_metric
 
     def phase_blocks(self, num_layers: int, *, has_pooler: bool = True):
         """The schedule as (phase block, source) pairs for an encoder of `num_layers` layers."""
@@ -302,15 +298,17 @@ def _value(config: ml_collections.ConfigDict, key: str) -> Any:
 
 def _check_rules_apply(spec: RunSpec) -> None:
     """A stop rule that cannot fire is an error, not a loop that scores train rows to no effect."""
-    metric = spec.task.gap_metric
-    if metric not in spec.task.metrics:
-        raise ConfigError(
-            f"config.data.task={spec.data.task!r}: its gap metric {metric!r} is not one of its metrics "
-            f"{spec.task.metrics}"
-        )
     for b, source in spec.phase_blocks(2):
-        if b.max_train_dev_gap is not None and b.gap_eval_examples <= 0:
-            alias = source.split(" ")[0]  # "config.phase1", "config.phases[0]"
+        if b.max_train_dev_gap is None:
+            continue
+        alias = source.split(" ")[0]  # "config.phase1", "config.phases[0]"
+        metric = b.gap_metric or spec.task.gap_metric
+        if metric not in spec.task.metrics:
+            raise ConfigError(
+                f"{alias}.gap_metric={metric!r}: data.task={spec.data.task!r} scores "
+                f"{list(spec.task.metrics)}; choose one of those"
+            )
+        if b.gap_eval_examples <= 0:
             raise ConfigError(
                 f"{alias}.max_train_dev_gap={b.max_train_dev_gap} needs {alias}.gap_eval_examples > 0 "
                 f"(the train examples scored for the train/dev {metric} gap); set max_train_dev_gap=none "
@@ -328,6 +326,8 @@ def binding_form(spec: RunSpec) -> dict[str, Any]:
     plain["head"] = spec.head.to_dict()
     if spec.written_phases is None:
         plain.update(_preset_binding(spec))
+    else:
+        plain["phases"] = [_named_gap_metric(b, spec.task) for b in raw["phases"]]
     return {"config": plain}
 
 
@@ -342,17 +342,30 @@ def _preset_binding(spec: RunSpec) -> dict[str, Any]:
     the uniform-rate baseline's new-head rate), nor does a phase key its phase ignores (phases.to_phase)."""
     by_alias: dict[str, list[dict[str, Any]]] = {}
     for block, source in spec.phase_blocks(_BINDING_NUM_LAYERS):
-        by_alias.setdefault(source.removeprefix("config."), []).append(_read_keys(block))
+        by_alias.setdefault(source.removeprefix("config."), []).append(_read_keys(block, spec.task))
     return {alias: blocks[0] if len(blocks) == 1 else blocks for alias, blocks in by_alias.items()}
 
 
-def _read_keys(block: ml_collections.ConfigDict) -> dict[str, Any]:
-    """A phase block without the keys `phases.to_phase` does not read given the others."""
-    plain = config_cli.to_plain(block)
+def _named_gap_metric(block: Mapping[str, Any], task: TaskSpec) -> dict[str, Any]:
+    """A phase block (plain) whose `gap_metric` "" reads as the task's: a run recorded before the task's
+    default changed binds as what it ran (config_cli.with_legacy_keys), and one that left it empty as
+    what it runs."""
+    plain = dict(block)
+    if plain.get("max_train_dev_gap") is not None:
+        plain["gap_metric"] = plain.get("gap_metric") or task.gap_metric
+    return plain
+
+
+def _read_keys(block: ml_collections.ConfigDict, task: TaskSpec) -> dict[str, Any]:
+    """A phase block without the keys `phases.to_phase` does not read given the others, and with the
+    metric its gap rule compares named ("" reads as the task's, so a run written before the task's
+    default changed binds as what it ran)."""
+    plain = _named_gap_metric(config_cli.to_plain(block), task)
     unread = {
         "num_epochs": plain["num_steps"] > 0,
         "warmup_ratio": plain["warmup_steps"] > 0,
         "gap_eval_examples": plain["max_train_dev_gap"] is None,
+        "gap_metric": plain["max_train_dev_gap"] is None,
         "feature_cache_dtype": not plain["feature_cache"],
         "feature_cache_dir": not plain["feature_cache"],
     }
@@ -360,8 +373,9 @@ def _read_keys(block: ml_collections.ConfigDict) -> dict[str, Any]:
 
 
 def config_from_plain(plain: Mapping[str, Any]) -> ml_collections.ConfigDict:
-    """A config from its JSON form (config_cli.to_plain; config.json, results.json)."""
-    config = ml_collections.ConfigDict(copy.deepcopy(dict(plain)))
+    """A config from its JSON form (config_cli.to_plain; config.json, results.json), keys it predates read
+    as what its run did (config_cli.with_legacy_keys)."""
+    config = ml_collections.ConfigDict(config_cli.with_legacy_keys(plain))
     config.phases = [ml_collections.ConfigDict(block) for block in config.phases]  # JSON left them dicts
     return config
 
@@ -371,5 +385,5 @@ def recorded_binding_form(recorded: Mapping[str, Any], current: Mapping[str, Any
     earlier versions wrote), read against the `current` config's plain form: a key the record lacks (added
     since) takes its value now, a key only the record has (removed since) is dropped."""
     config = config_from_plain(current)
-    config_cli.overlay_recorded(config, recorded)
+    config_cli.overlay_recorded(config, config_cli.with_legacy_keys(recorded))
     return binding_form(resolve(config, recorded=True))

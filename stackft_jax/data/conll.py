@@ -173,12 +173,13 @@ class ConllTask(TaskSpec):
     hf_dataset: tuple[str, ...]  # arguments of datasets.load_dataset
     tags: tuple[str, ...] = TAGS  # IOB2 tag names; the head outputs one score per tag, in this order
     objective: objectives.Objective = objectives.WORD_TAGGING
-    # Entity F1 first: it picks the best checkpoint. `accuracy` (per word) is the paper's measure and
-    # what phase 1's train/dev gap compares.
+    # Entity F1 first: it picks the best checkpoint and is what phase 1's train/dev gap compares (the
+    # phase key `gap_metric` may name another). `accuracy` (per word) is the paper's measure.
     metrics: tuple[str, ...] = ("f1", "precision", "recall", "accuracy")
 
     @property
-    def gap_metric(self) -> str:
+    def legacy_gap_metric(self) -> str:
+        # Per-word accuracy, near 1 on NER, left the gap at most 0.011 while entity F1's was 0.04-0.085.
         return "accuracy"
 
     @property

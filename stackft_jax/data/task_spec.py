@@ -58,8 +58,15 @@ class TaskSpec(abc.ABC):
 
     @property
     def gap_metric(self) -> str:
-        """The metric of the phase-1 train/dev gap rule (`max_train_dev_gap`): the primary one."""
+        """The metric of the phase-1 train/dev gap rule (`max_train_dev_gap`) when the phase's
+        `gap_metric` key is empty: the primary one."""
         return self.metrics[0]
+
+    @property
+    def legacy_gap_metric(self) -> str:
+        """What that rule compared in runs recorded before phases had a `gap_metric` key (spec.py reads
+        their configs as what they ran)."""
+        return self.gap_metric
 
     @property
     def output_names(self) -> tuple[str, ...]:

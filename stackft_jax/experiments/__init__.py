@@ -7,6 +7,8 @@
   markdown.py    report.md: the report's tables with their captions
   figures.py     the report's figures
   ensemble.py    ensembles of finished classification runs (averaged class probabilities)
+  compute.py     a run's compute per phase (steps, examples through the backbone, FLOPs, wall time)
+  budgets.py     matched-budget cells: a baseline given the compared strategy's steps, examples or FLOPs
 
 The commands are thin modules at the package top: experiment.py (`python -m stackft_jax.experiment`)
 and ensemble.py (`python -m stackft_jax.ensemble`). Nothing here trains by itself: a grid's runs are

@@ -10,6 +10,7 @@ import re
 
 import ml_collections
 
+from stackft_jax.experiments.budgets import Matched, parse_matched
 from stackft_jax.runtime.cli_errors import ConfigError
 
 _AXIS = re.compile(r"^\s*(?P<key>[\w.]+)\s*=\s*(?P<values>[^;]+?)\s*$")
@@ -24,6 +25,7 @@ class Run:
     cell: tuple[tuple[str, str], ...]  # (key, value) per axis, in axis order; a bundle's label as value
     seed: int
     settings: tuple[str, ...] = ()  # the cell's `key=value` overrides; (): one per (key, value)
+    matched: Matched | None = None  # a matched-budget cell (budgets.py): its step count comes at load
 
     @property
     def cell_name(self) -> str:
@@ -76,14 +78,24 @@ def _parse_axes(axes: str) -> list[tuple[str, list[tuple[str, list[str]]]]]:
 
 
 def runs_of(grid: ml_collections.ConfigDict) -> list[Run]:
-    """Every cell-seed of the grid, seed by seed (the order shards split)."""
+    """Every cell-seed of the grid, seed by seed (the order shards split); a seed's matched-budget cells
+    (`matched`, budgets.py) after its axes' cells, so adding them moves no other run."""
     axes = _parse_axes(grid.axes)
     keys = [key for key, _ in axes]
+    matched = parse_matched(grid, dict(parse_axes(grid.axes)))
     runs = []
     for seed in range(grid.num_seeds):
-        for values in itertools.product(*(v for _, v in axes)):
+        combinations = list(itertools.product(*(v for _, v in axes)))
+        for values in combinations:
             cell = tuple((key, label) for key, (label, _) in zip(keys, values, strict=True))
             runs.append(Run(cell, seed, tuple(item for _, items in values for item in items)))
+        for m in matched:  # one per combination of the other axes' values, with m.value's settings
+            for values in combinations:
+                cell = tuple((key, label) for key, (label, _) in zip(keys, values, strict=True))
+                if dict(cell)[m.key] == m.value:
+                    cell = tuple((key, m.label if key == m.key else label) for key, label in cell)
+                    settings = tuple(item for _, items in values for item in items)
+                    runs.append(Run(cell, seed, settings, matched=m))
     return runs
 
 
@@ -130,7 +142,7 @@ def _ensemble_specs(grid: ml_collections.ConfigDict) -> list[tuple[str, list[str
     return specs
 
 
-def _with_value(cell: tuple[tuple[str, str], ...], key: str, value: str) -> tuple[tuple[str, str], ...]:
+def with_value(cell: tuple[tuple[str, str], ...], key: str, value: str) -> tuple[tuple[str, str], ...]:
     return tuple((k, value if k == key else v) for k, v in cell)
 
 
@@ -143,8 +155,8 @@ def ensembles_of(grid: ml_collections.ConfigDict) -> list[Ensemble]:
     ensembles = []
     for key, values in specs:
         for run in (r for r in runs if dict(r.cell)[key] == values[0]):
-            members = tuple(by_cell_seed[_with_value(run.cell, key, value), run.seed] for value in values)
-            ensembles.append(Ensemble(Run(_with_value(run.cell, key, "+".join(values)), run.seed), members))
+            members = tuple(by_cell_seed[with_value(run.cell, key, value), run.seed] for value in values)
+            ensembles.append(Ensemble(Run(with_value(run.cell, key, "+".join(values)), run.seed), members))
     return ensembles
 
 
@@ -156,6 +168,7 @@ def check_grid(grid: ml_collections.ConfigDict) -> None:
     """The grid's own keys (not its cells'): seed count, axes over keys the grid sets."""
     if grid.num_seeds < 1:
         raise ConfigError(f"config key 'num_seeds' = {grid.num_seeds}: run at least 1 seed")
+    parse_matched(grid, dict(parse_axes(grid.axes)))
     for key, values in _parse_axes(grid.axes):
         set_keys = {key} | {item.split("=", 1)[0].strip() for _, items in values for item in items}
         overridden = sorted(set_keys & set(GRID_SET_KEYS))

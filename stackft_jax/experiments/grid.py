@@ -20,7 +20,16 @@ from typing import TYPE_CHECKING
 import ml_collections
 
 from stackft_jax.config import config_cli
-from stackft_jax.experiments.cells import Ensemble, Run, baseline_of, check_grid, ensembles_of, runs_of
+from stackft_jax.experiments import budgets
+from stackft_jax.experiments.cells import (
+    Ensemble,
+    Run,
+    baseline_of,
+    check_grid,
+    ensembles_of,
+    runs_of,
+    with_value,
+)
 from stackft_jax.runtime.cli_errors import ConfigError
 from stackft_jax.training import prediction_files
 
@@ -31,8 +40,27 @@ log = logging.getLogger(__name__)
 
 
 def run_config(grid: ml_collections.ConfigDict, run: Run) -> ml_collections.ConfigDict:
-    """The base config with the run's axis values and seed (a bad key fails here, before any training)."""
-    return config_cli.load(grid.base, run.overrides())
+    """The base config with the run's axis values and seed (a bad key fails here, before any training);
+    a matched-budget run's with the step count its compared cell's budget gives (budgets.py)."""
+    overrides = run.overrides()
+    if run.matched is not None:
+        overrides += _matched_settings(grid, run)
+    return config_cli.load(grid.base, overrides)
+
+
+def _matched_settings(grid: ml_collections.ConfigDict, run: Run) -> list[str]:
+    assert run.matched is not None
+    key = run.matched.key
+    cells = {(r.cell, r.seed): r for r in runs_of(grid) if r.matched is None}
+
+    def load(value: str, extra: list[str]) -> ml_collections.ConfigDict:
+        other = cells[with_value(run.cell, key, value), run.seed]  # the same other axis values and seed
+        return config_cli.load(grid.base, [*other.overrides(), *extra])
+
+    try:
+        return budgets.settings(run.matched, load)
+    except (ValueError, FileNotFoundError) as error:
+        raise config_cli.ConfigError(f"grid run {run.name}: {error}") from None
 
 
 def run_spec(grid: ml_collections.ConfigDict, run: Run, *, recorded: bool = False) -> "RunSpec":
@@ -156,6 +184,8 @@ def binding_form(record: Mapping) -> dict:
     from stackft_jax.config import spec
 
     grid = dict(record["grid"])
+    if not grid.get("matched"):  # a grid recorded before the key binds as one without matched cells
+        grid.pop("matched", None)
     try:
         base = spec.resolve(config_cli.load(grid["base"], []), recorded=True)
     except (ConfigError, ValueError, KeyError, FileNotFoundError, AttributeError):

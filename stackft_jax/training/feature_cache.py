@@ -68,6 +68,7 @@ class FeatureCache:
     hidden_states: np.ndarray  # [total real tokens, layers, hidden]
     pooled: np.ndarray  # [examples, hidden]
     offsets: np.ndarray  # [examples + 1] int64
+    built: bool = False  # this process ran the backbone to write it (else it opened an existing one)
 
     @property
     def nbytes(self) -> int:
@@ -140,7 +141,7 @@ def open_or_build(
             dtype=DTYPES[dtype],
         )
         meta, action = _read_meta(directory), "built"
-    cache = _open(directory, meta, ds)
+    cache = dataclasses.replace(_open(directory, meta, ds), built=action == "built")
     log.info(
         "feature cache %s: %d examples, %s tokens x layers x hidden, %.2f GiB %s, %s in %.1f s",
         directory,

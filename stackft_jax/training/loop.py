@@ -168,6 +168,11 @@ def gap_examples(run_spec: RunSpec, phase: phases.Phase) -> int:
     return phase.gap_eval_examples or run_spec.boundary_train_examples
 
 
+def gap_metric_of(ctx: Context, phase: phases.Phase) -> str:
+    """The metric `phase`'s train/dev gap rule compares: its own `gap_metric`, else the task's."""
+    return phase.gap_metric or ctx.task.gap_metric
+
+
 def feature_caches(ctx: Context, phase: phases.Phase, params) -> dict[str, feature_cache.FeatureCache]:
     """The frozen backbone's features for `phase`: dev, and the train split's (every example with
     `phase.feature_cache`, which the steps train on; else only the first `gap_examples`, which the
@@ -365,7 +370,7 @@ def _evaluate(
             params, ctx.datasets["train"], limit=phase.gap_eval_examples, features=features.get("train")
         )
     ctx.report.eval(**at, split="train_subset", metrics=train.scores)
-    return _Evaluated(dev, train, train.scores.get(ctx.task.gap_metric))
+    return _Evaluated(dev, train, train.scores.get(gap_metric_of(ctx, phase)))
 
 
 def _restore_or_start(
@@ -427,7 +432,7 @@ def _evaluate_and_track(
 
     def run(p: Progress) -> None:
         p.evaluated = evaluated = _evaluate(ctx, p.phase, p.state.params, features, p.step, p.global_step)
-        dev, gap_metric = evaluated.dev.scores, ctx.task.gap_metric
+        dev, gap_metric = evaluated.dev.scores, gap_metric_of(ctx, p.phase)
         p.stop_reason = p.tracker.update(
             dev[ctx.primary_metric],
             train_score=evaluated.train_score,
@@ -530,6 +535,9 @@ def _phase_end(
         "learning_rates": phase.learning_rates,
         "optimizer_state_bytes": optim.optimizer_state_bytes(progress.state.opt_state),
         "feature_cache_bytes": sum(cache.nbytes for cache in features.values()),
+        # The caches this run's backbone computed (a shared one another run built costs it nothing):
+        # training/compute.py charges their forward pass here.
+        "feature_cache_built": sorted(split for split, cache in features.items() if cache.built),
     }
     if measured is not None:
         record["boundary"] = measured

@@ -23,6 +23,7 @@ from stackft_jax.runtime import sharding, timing
 from stackft_jax.training import (
     build,
     checkpointing,
+    compute,
     degenerate,
     evaluation,
     loop,
@@ -100,6 +101,8 @@ def run(
                 global_batch_size=global_batch,
                 scoring_s=time.time() - scoring_started,
             )
+            # What it cost, per phase (the same training/compute.run_compute derives for older runs).
+            results[compute.RESULTS_KEY] = compute.of_results(run_spec, results)
             ctx.report.sort_records()
             ctx.report.results(results)
             ctx.report.close()

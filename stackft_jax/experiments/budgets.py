@@ -1,0 +1,146 @@
+"""Matched budgets: grid cells that give a baseline the budget of the strategy it is compared with.
+
+A grid's optional `matched` key, "key=value@matched_<rule>:compared|...; ...", e.g.
+
+    c.matched = "strategy=finetune_only@matched_flops:stack_and_finetune"
+
+adds to axis `key` the cell `finetune_only@matched_flops:stack_and_finetune` (for every value of the
+other axes, and every seed): the settings of `value` with its one phase's `num_steps` raised or lowered
+until it costs what `compared` (same other axis values and seed) plans to cost, by `rule`:
+
+  steps     optimizer steps (a head-only step on cached features counts as much as a fine-tuning one)
+  examples  examples through the backbone's forward (a feature-cached phase: its train split, once)
+  flops     analytic FLOPs (training/compute.py: a fine-tuning step costs 3 forwards, a cached phase
+            one forward over its train split plus its head steps)
+
+The compared cell's cost is `compute.planned`: its whole step budgets, its feature cache built by itself
+(no early stop, no shared cache), so the matched cell's length is fixed before either runs. The matched
+cell gets the smallest step count that is at least that budget. Its run config records the match
+(`matched_budget.rule`, `.compared`, `.budget` in the rule's unit, `.steps`), which the report can print;
+those keys do not bind the run (spec._NEUTRAL): it is the same run as any other of that step count.
+
+Counting the compared cell's train split reads its train file (or the hub's split) when the grid is
+planned. Adding matched cells to a grid workdir leaves its other runs as they are: the new grid config
+is taken with --allow_config_change, and every run of an unchanged cell stays finished (grid.finished).
+"""
+
+import dataclasses
+import math
+import re
+
+import ml_collections
+
+from stackft_jax.config import config_cli
+
+RULES = {"steps": "optimizer_steps", "examples": "examples_forward", "flops": "flops"}
+_MATCHED = re.compile(r"^(?P<value>[\w.+-]+)@matched_(?P<rule>\w+):(?P<compared>[\w.+-]+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Matched:
+    """One matched cell of a grid axis: `value`'s settings at `compared`'s budget by `rule`."""
+
+    key: str
+    value: str
+    rule: str
+    compared: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.value}@matched_{self.rule}:{self.compared}"
+
+
+def parse_matched(grid: ml_collections.ConfigDict, axes: dict[str, list[str]]) -> list[Matched]:
+    """The grid's `matched` ("" or absent: none), each checked against `axes` (cells.parse_axes)."""
+    found: list[Matched] = []
+    for part in filter(str.strip, grid.get("matched", "").split(";")):
+        key, sep, values = part.partition("=")
+        key = key.strip()
+        where = f"config key 'matched': {part.strip()!r}"
+        if not sep or key not in axes:
+            raise config_cli.ConfigError(
+                f"{where} is not `key=value@matched_<rule>:compared|...` with key an axis ({', '.join(axes)})"
+            )
+        for item in values.split("|"):
+            match = _MATCHED.match(item.strip())
+            if match is None:
+                raise config_cli.ConfigError(
+                    f"{where}: {item.strip()!r} is not `value@matched_<rule>:compared` "
+                    f"(rule: {' | '.join(RULES)})"
+                )
+            value, rule, compared = match["value"], match["rule"], match["compared"]
+            if rule not in RULES:
+                raise config_cli.ConfigError(f"{where}: rule {rule!r}: choose {' | '.join(RULES)}")
+            for name in (value, compared):
+                if name not in axes[key]:
+                    raise config_cli.ConfigError(
+                        f"{where}: {name!r} is not a value of axis {key} ({'|'.join(axes[key])})"
+                    )
+            if value == compared:
+                raise config_cli.ConfigError(f"{where}: a cell matched to itself")
+            matched = Matched(key, value, rule, compared)
+            if matched in found:
+                raise config_cli.ConfigError(f"{where}: {matched.label} is named twice")
+            found.append(matched)
+    return found
+
+
+def steps_for(budget: float, one_step: float, two_steps: float) -> int:
+    """The fewest steps (at least 1) whose cost reaches `budget`, for a cost linear in the step count
+    (`one_step`, `two_steps`: the cost of 1 and of 2 steps; a feature cache's build is the fixed part)."""
+    per_step = two_steps - one_step
+    fixed = one_step - per_step
+    if per_step <= 0:
+        raise ValueError("a step costs nothing under this rule: its budget cannot be matched")
+    # The tolerance keeps a budget that is an exact multiple (steps: 420 = 420 x 1) from rounding up.
+    return max(1, math.ceil((budget - fixed) / per_step - 1e-9))
+
+
+_TRAIN_EXAMPLES: dict[tuple, int] = {}  # (task, files) -> train examples: read once per grid plan
+
+
+def train_examples(run_spec) -> int:
+    """The examples of the run's train split (what a feature-cached phase caches and an epoch holds)."""
+    from stackft_jax.data import task_spec
+
+    paths = {"train": run_spec.data.train_file, "dev": run_spec.data.dev_file}
+    key = (run_spec.task.name, run_spec.data.train_file, run_spec.data.dev_file, repr(run_spec.task))
+    if key not in _TRAIN_EXAMPLES:
+        _TRAIN_EXAMPLES[key] = len(task_spec.read_splits(run_spec.task, paths)["train"])
+    return _TRAIN_EXAMPLES[key]
+
+
+def settings(matched: Matched, load) -> list[str]:
+    """The overrides that give the matched cell its budget: its phase's `num_steps` and the record of
+    the match (`matched_budget.*`). `load(cell_value, extra_overrides)` loads the run config of this
+    cell's other axis values and seed with `matched.key` set to `cell_value`."""
+    import jax
+
+    from stackft_jax.config import spec
+    from stackft_jax.training import compute
+
+    def cost(value: str, extra: list[str]) -> float:
+        run_spec = spec.resolve(load(value, extra), recorded=True)
+        batch = run_spec.per_device_batch_size * jax.device_count()  # the global batch a run gets here
+        planned = compute.planned(run_spec, train_examples=train_examples(run_spec), global_batch_size=batch)
+        return planned["total"][RULES[matched.rule]]
+
+    base = spec.resolve(load(matched.value, []), recorded=True)
+    plan = base.phase_blocks(2)
+    sources = [source for _, source in plan]
+    if len(plan) != 1 or not sources[0].startswith("config.phase"):
+        raise config_cli.ConfigError(
+            f"config key 'matched': {matched.label}: {matched.value} trains phases {sources}; a matched "
+            "cell sets the step count of a preset strategy's one phase (e.g. finetune_only's phase2.*)"
+        )
+    steps_key = f"{sources[0].removeprefix('config.')}.num_steps"
+    budget = cost(matched.compared, [])
+    steps = steps_for(
+        budget, cost(matched.value, [f"{steps_key}=1"]), cost(matched.value, [f"{steps_key}=2"])
+    )
+    return [
+        f"{steps_key}={steps}",
+        f"matched_budget.rule={matched.rule}",
+        f"matched_budget.compared={matched.compared}",
+        f"matched_budget.budget={budget!r}",
+    ]

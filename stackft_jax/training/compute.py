@@ -1,0 +1,206 @@
+"""What a run's training cost, per phase and in total: optimizer steps, examples through the backbone's
+forward and backward, analytic FLOPs (models/flops.py) and wall seconds.
+
+    from stackft_jax.training.compute import run_compute
+    run_compute("docs/grids/paper_qqp_small/runs/strategy=stack_and_finetune-name=cls_mlp-seed0")
+
+New runs record it in results.json (`compute`, written by train.run with `of_results`); `run_compute`
+derives the same from any finished run's results.json (and timings.json), so the runs committed before
+it existed are accounted alike. `planned` gives what a config would cost before it runs (matched budgets:
+experiments/budgets.py).
+
+What is counted: training only; dev, test and gap-subset evaluations are not (their wall time is in
+`wall_seconds`). A phase that trains the backbone runs it forward and backward over each batch (3x the
+forward's FLOPs); a frozen phase runs it forward over each batch (1x), and one trained from a feature
+cache runs it once over the train split it caches (the examples the run read) and then costs the head
+alone. A shared feature cache (a grid's WORKDIR/feature_cache) is charged to the run that built it: the
+others read it for nothing. New runs record which caches they built (results.json
+`phases[i].feature_cache_built`); for runs from before that, a build is read from timings.json's
+`feature_cache` seconds (builds took 17-390 s in the committed grids, opening an existing cache under
+1 s). `planned` charges every cached phase its build (the cost of the run alone). Every example counts
+as `max_seq_length` tokens (batches pad to length buckets up to it, so this is an upper bound); the head
+counts where models/flops.py counts it (`head_counted`).
+"""
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from stackft_jax.config import phases, spec
+from stackft_jax.config.spec import RunSpec
+from stackft_jax.models import flops
+
+RESULTS_KEY = "compute"  # results.json's record of it
+TIMINGS_FILE = "timings.json"  # timing.FILE_NAME (importing timing would start jax)
+# timings.json `feature_cache` seconds from which a run without the record built its train cache.
+BUILD_SECONDS = 10.0
+MEASURES = ("optimizer_steps", "examples_forward", "examples_backward", "flops")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Model:
+    encoder: Any  # models.bert.BertConfig
+    head: Mapping[str, Any]
+    outputs: int
+    seq_len: int
+
+    def encoder_flops(self, examples: int) -> float:
+        return flops.encoder_flops(self.encoder, examples=examples, seq_len=self.seq_len)
+
+    def head_flops(self, examples: int) -> float:
+        per_example = flops.head_flops(
+            self.head, hidden=self.encoder.hidden_size, outputs=self.outputs, seq_len=self.seq_len
+        )
+        return 0.0 if per_example is None else per_example * examples
+
+    @property
+    def head_counted(self) -> bool:
+        return flops.head_flops(self.head, hidden=1, outputs=1, seq_len=1) is not None
+
+
+def _model(run_spec: RunSpec) -> tuple[_Model, Any]:
+    from stackft_jax.training import build  # reads the encoder's config.json; builds nothing
+
+    _, encoder = build.resolve_encoder(run_spec)
+    model = _Model(encoder, run_spec.head.to_dict(), run_spec.task.num_outputs, run_spec.max_seq_length)
+    return model, encoder
+
+
+def _blocks(run_spec: RunSpec, encoder: Any) -> dict[str, phases.Phase]:
+    """The run's phases by name (rules and feature cache; their step counts are not used)."""
+    blocks = run_spec.phase_blocks(encoder.num_hidden_layers, has_pooler=encoder.family.has_pooler)
+    return {b.name: phases.to_phase(b, 1, source) for b, source in blocks}
+
+
+def _phase(
+    phase: phases.Phase,
+    model: _Model,
+    *,
+    steps: int,
+    batch: int,
+    cached_examples: int,
+    wall_seconds: float | None,
+    cache: str | None,
+) -> dict[str, Any]:
+    examples = steps * batch
+    if phase.trains_backbone:
+        forward, backward = examples, examples
+        total = flops.BACKWARD_FACTOR * (model.encoder_flops(examples) + model.head_flops(examples))
+    else:
+        forward = cached_examples if phase.feature_cache else examples
+        total = model.encoder_flops(forward) + flops.BACKWARD_FACTOR * model.head_flops(examples)
+        backward = 0
+    return {
+        "phase": phase.name,
+        "optimizer_steps": steps,
+        "examples_forward": forward,
+        "examples_backward": backward,
+        "flops": total,
+        "wall_seconds": wall_seconds,
+        "trains_backbone": phase.trains_backbone,
+        "feature_cache": cache,
+    }
+
+
+def _summed(per_phase: list[dict[str, Any]], model: _Model, wall_seconds: float | None) -> dict[str, Any]:
+    total = {measure: sum(p[measure] for p in per_phase) for measure in MEASURES}
+    return {
+        "phases": per_phase,
+        "total": {**total, "wall_seconds": wall_seconds},
+        "head_counted": model.head_counted,
+        "seq_len": model.seq_len,
+    }
+
+
+def _built_train_cache(record: Mapping[str, Any], timings: Mapping[str, Any] | None) -> bool | None:
+    if "feature_cache_built" in record:
+        return "train" in record["feature_cache_built"]
+    if timings is None:
+        return None
+    return timings.get("seconds", {}).get("feature_cache", 0.0) >= BUILD_SECONDS
+
+
+def of_results(
+    run_spec: RunSpec, results: Mapping[str, Any], timings: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The compute of a finished run from its results.json (`results`) and, for runs that did not record
+    which feature caches they built, its timings.json. The shape is `run_compute`'s."""
+    model, encoder = _model(run_spec)
+    blocks = _blocks(run_spec, encoder)
+    batch = results["global_batch_size"]
+    train_examples = results["data"]["num_examples"]["train"]
+    per_phase = []
+    for record in results["phases"]:
+        phase = blocks[record["phase"]]
+        built = _built_train_cache(record, timings) if phase.feature_cache else None
+        per_phase.append(
+            _phase(
+                phase,
+                model,
+                steps=record["steps"],
+                batch=batch,
+                cached_examples=train_examples if built else 0,
+                wall_seconds=record.get("wall_time_s"),
+                cache=None if built is None else ("built" if built else "read"),
+            )
+        )
+    wall = results.get("wall_time_s")
+    if wall is None and timings is not None:
+        wall = timings.get("total_s")
+    return _summed(per_phase, model, wall)
+
+
+def run_compute(run_dir: str | Path) -> dict[str, Any] | None:
+    """A finished run's training compute (None when `run_dir` has no results.json), the same that new
+    runs record in results.json's `compute`:
+
+        {"phases": [{"phase": str,              # as results.json's phases[i].phase
+                     "optimizer_steps": int,    # steps the phase took (early stops included)
+                     "examples_forward": int,   # examples through the backbone's forward
+                     "examples_backward": int,  # examples through the backbone's backward
+                     "flops": float,            # analytic: encoder matmuls (+ head where counted)
+                     "wall_seconds": float | None,  # the phase's wall time, evaluations included
+                     "trains_backbone": bool,
+                     "feature_cache": "built" | "read" | None},  # None: the phase reads no cache
+                    ...],
+         "total": {"optimizer_steps", "examples_forward", "examples_backward", "flops": sums over
+                   phases, "wall_seconds": the whole run's (set-up and final scoring included)},
+         "head_counted": bool,  # whether `flops` includes the head (models/flops.py HEAD_FLOPS)
+         "seq_len": int}        # tokens counted per example (max_seq_length)
+
+    What each counts, and how a shared feature cache is charged: the module docstring."""
+    run_dir = Path(run_dir)
+    results_file = run_dir / "results.json"
+    if not results_file.is_file():
+        return None
+    results = json.loads(results_file.read_text())
+    timings_file = run_dir / TIMINGS_FILE
+    timings = json.loads(timings_file.read_text()) if timings_file.is_file() else None
+    run_spec = spec.resolve(spec.config_from_plain(results["config"]), recorded=True)
+    return of_results(run_spec, results, timings)
+
+
+def planned(run_spec: RunSpec, *, train_examples: int, global_batch_size: int) -> dict[str, Any]:
+    """What `run_spec` costs if every phase runs its whole step budget and builds its own feature cache
+    (no early stop, no shared cache), over a train split of `train_examples` examples; `run_compute`'s
+    shape, without wall seconds."""
+    model, encoder = _model(run_spec)
+    # Full batches, as batching.steps_per_epoch (which counts rows: a CoNLL sentence longer than
+    # max_seq_length is several, so an epoch budget may plan a few steps short there).
+    steps_per_epoch = max(1, train_examples // global_batch_size)
+    plan = run_spec.plan(steps_per_epoch, encoder.num_hidden_layers, has_pooler=encoder.family.has_pooler)
+    per_phase = [
+        _phase(
+            phase,
+            model,
+            steps=phase.num_steps,
+            batch=global_batch_size,
+            cached_examples=train_examples,
+            wall_seconds=None,
+            cache="built" if phase.feature_cache else None,
+        )
+        for phase in plan
+    ]
+    return _summed(per_phase, model, None)
