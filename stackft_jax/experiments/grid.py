@@ -20,7 +20,16 @@ from typing import TYPE_CHECKING
 import ml_collections
 
 from stackft_jax import config_cli
-from stackft_jax.experiments.cells import Ensemble, Run, baseline_of, check_grid, ensembles_of, runs_of
+from stackft_jax.experiments.cells import (
+    Ensemble,
+    Run,
+    baseline_of,
+    check_grid,
+    comparisons_of,
+    ensembles_of,
+    paper_results,
+    runs_of,
+)
 
 if TYPE_CHECKING:
     from stackft_jax.spec import RunSpec
@@ -129,6 +138,8 @@ def plan_grid(
     runs = runs_of(grid)
     baseline_of(grid)
     ensembles = ensembles_of(grid)
+    comparisons_of(grid)  # report-only keys, checked now so a typo fails before hours of training
+    paper_results(grid)
     specs = _run_specs(grid, runs, workdir)
     check_metric(grid, specs)
     check_ensembles(grid, ensembles, specs)
