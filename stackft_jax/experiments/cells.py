@@ -222,6 +222,12 @@ def comparisons_of(grid: ml_collections.ConfigDict) -> list[Comparison]:
     return list(rows.values())
 
 
+# "<comparison>: <gain> (note)": cell names hold no colon; a note may, but no semicolon (it separates).
+_PAPER_RESULT = re.compile(
+    r"^\s*(?P<name>[^:]+?)\s*:\s*(?P<gain>[+-]?\d+(?:\.\d*)?)\s*(?:\((?P<note>[^)]*)\))?\s*$"
+)
+
+
 def paper_results(grid: ml_collections.ConfigDict) -> dict[str, dict[str, float | str]]:
     """The grid's optional `paper_results`, "<comparison>: <gain in points> [(note)]; ...", keyed by the
     comparison's label ("<cell name> vs <cell name>"; a lone cell name means against its baseline
@@ -231,20 +237,15 @@ def paper_results(grid: ml_collections.ConfigDict) -> dict[str, dict[str, float 
     cells = _cells_by_name(grid)
     gains: dict[str, dict[str, float | str]] = {}
     for part in filter(str.strip, grid.get("paper_results", "").split(";")):
-        name, _, value = part.rpartition(":")
         where = f"config key 'paper_results': {part.strip()!r}"
-        match = re.fullmatch(r"\s*([+-]?[\d.]+)\s*(?:\((?P<note>[^)]*)\))?\s*", value)
-        names = [n.strip() for n in name.split(" vs ")]
-        try:
-            gain = float(match[1]) if match else float(value)
-        except ValueError:
-            raise config_cli.ConfigError(
-                f"{where} is not `<comparison>: <gain in points> [(note)]`"
-            ) from None
+        match = _PAPER_RESULT.match(part)
+        if match is None:
+            raise config_cli.ConfigError(f"{where} is not `<comparison>: <gain in points> [(note)]`")
+        names = [n.strip() for n in match["name"].split(" vs ")]
         unknown = [n for n in names if n not in cells]
         if unknown or len(names) > 2:
             raise config_cli.ConfigError(f"{where}: no cell is named {(unknown or names)[0]!r}")
         if len(names) == 1:
             names.append(Run(_with_value(cells[names[0]], key, base_value), 0).cell_name)
-        gains[" vs ".join(names)] = {"gain": gain, "note": (match["note"] or "") if match else ""}
+        gains[" vs ".join(names)] = {"gain": float(match["gain"]), "note": match["note"] or ""}
     return gains

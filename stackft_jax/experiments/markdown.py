@@ -171,7 +171,8 @@ def _comparison_lines(grid: ml_collections.ConfigDict, report: dict[str, Any]) -
             f"| {row['name']} | {row['versus']} | {valid} | {per_seed} | {mean} | "
             + " | ".join(_p_text(row, test) for test in TESTS)
             + f" | {_tost_text(row['tost'])} | {_fmt(row['aso_epsilon'], 3)} | "
-            f"{_interval_text(row['bootstrap'])} | {test_text} | {_interval_text(row.get('test_bootstrap'))} | {_ratio_text(row)} |"
+            f"{_interval_text(row['bootstrap'])} | {test_text} | "
+            f"{_interval_text(row.get('test_bootstrap'))} | {_ratio_text(row)} |"
         )
     unreachable = _unreachable_lines(rows)
     return lines + (["", *unreachable] if unreachable else [])
