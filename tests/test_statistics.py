@@ -168,11 +168,17 @@ def test_tost_backs_level_only_when_the_interval_fits_in_the_margin():
 def test_bootstrap_reports_the_monte_carlo_error_of_its_endpoints():
     rng = np.random.default_rng(6)
     cell, baseline = (_accuracy_counts((rng.random((5, 400)) < p).astype(float)) for p in (0.75, 0.7))
-    runs = [statistics.two_level_bootstrap(cell, baseline, accuracy, samples=2000, seed=s) for s in range(4)]
+    runs = [
+        statistics.two_level_bootstrap(cell, baseline, accuracy, samples=2000, seed=s, mc_target=None)
+        for s in range(4)
+    ]
     error = runs[0]["mc_error"]
-    assert 0 < error < 0.01
+    assert 0 < error < 0.01 and runs[0]["samples"] == 2000
     lows = [r["ci95_low"] for r in runs]
     assert max(lows) - min(lows) < 6 * error  # the stated error is the spread a reader sees
+    # With a target, resamples are doubled until the error meets it (or 8 times the minimum).
+    targeted = statistics.two_level_bootstrap(cell, baseline, accuracy, samples=500, mc_target=error)
+    assert targeted["mc_error"] <= error and 500 < targeted["samples"] <= 8 * 500
 
 
 @pytest.mark.slow
@@ -199,6 +205,7 @@ def test_bootstrap_endpoints_are_stable_to_a_tenth_of_a_point():
         values = [100 * r[end] for r in results]
         assert max(values) - min(values) <= 0.1, (end, values)
     assert all(100 * r["mc_error"] <= 0.05 for r in results)
+    assert all(r["samples"] == statistics.BOOTSTRAP_SAMPLES for r in results)  # no doubling needed here
 
 
 def test_bootstrap_p_is_never_printed_as_zero():

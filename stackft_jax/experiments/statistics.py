@@ -23,7 +23,11 @@ import scipy.stats
 # tests/test_statistics.py::test_bootstrap_endpoints_are_stable_to_a_tenth_of_a_point): at 1,000
 # resamples the endpoints moved by up to 0.10 point between resampling seeds (MC error 0.04-0.07) and the
 # lower one changed sign; at 5,000 the MC error is about 0.025 point; 10,000 (0.017) costs twice the time.
+# A wider interval (a noisy cell) has a larger error at the same count: resamples are doubled until the
+# error is at most 0.05 point (endpoints stable to about 0.1, two errors), up to 8 times the minimum.
 BOOTSTRAP_SAMPLES = 5_000
+BOOTSTRAP_MC_TARGET = 0.0005  # 0.05 point of a 0-1 metric
+BOOTSTRAP_MAX_FACTOR = 8
 SEED_TESTS = ("t_test", "wilcoxon", "sign_flip")  # the report's tests over seeds, each Holm-corrected
 EQUIVALENCE_MARGIN = 0.01  # TOST's default margin, in the metric's units (1 point): grid key
 _GATHERED = 4_000_000  # counts gathered per bootstrap chunk [resamples, seeds, examples, k]: ~32 MB
@@ -137,31 +141,48 @@ def two_level_bootstrap(
     *,
     samples: int = BOOTSTRAP_SAMPLES,
     seed: int = 0,
+    mc_target: float | None = BOOTSTRAP_MC_TARGET,
 ) -> dict[str, float]:
     """The paired difference in `metric` (cell - baseline, mean over seeds) with a 95% percentile interval
-    and a two-sided p, from `samples` resamples of seeds and then, within each resampled seed, of its
-    examples (the same examples for both sides of the pair): the interval covers seed-to-seed and
-    example variance. `cell`, `baseline`: per-example counts [seeds, examples, k], paired by seed and
-    example. A p of 0 means no resample reached 0: report it as < 1/samples."""
+    and a two-sided p, from resamples of seeds and then, within each resampled seed, of its examples (the
+    same examples for both sides of the pair): the interval covers seed-to-seed and example variance.
+    `cell`, `baseline`: per-example counts [seeds, examples, k], paired by seed and example. At least
+    `samples` resamples, doubled (up to BOOTSTRAP_MAX_FACTOR times) while an endpoint's Monte-Carlo error
+    is above `mc_target`: a wide interval needs more resamples to be as stable as a narrow one. A p of 0
+    means no resample reached 0: report it as < 1/samples."""
     num_seeds, num_examples, k = cell.shape
     chunk = max(1, _GATHERED // (num_seeds * num_examples * k))
     rng = np.random.default_rng(seed)
-    differences = []
-    for start in range(0, samples, chunk):
-        size = min(chunk, samples - start)
-        seeds = rng.integers(0, num_seeds, size=(size, num_seeds))
-        examples = rng.integers(0, num_examples, size=(size, num_seeds, num_examples))
-        ours = cell[seeds[..., None], examples].sum(2)  # [size, seeds, k]
-        theirs = baseline[seeds[..., None], examples].sum(2)
-        differences.append(np.nanmean(metric(ours) - metric(theirs), axis=1))
+    differences: list[np.ndarray] = []
+
+    def draw(count: int) -> None:
+        for start in range(0, count, chunk):
+            size = min(chunk, count - start)
+            seeds = rng.integers(0, num_seeds, size=(size, num_seeds))
+            examples = rng.integers(0, num_examples, size=(size, num_seeds, num_examples))
+            ours = cell[seeds[..., None], examples].sum(2)  # [size, seeds, k]
+            theirs = baseline[seeds[..., None], examples].sum(2)
+            differences.append(np.nanmean(metric(ours) - metric(theirs), axis=1))
+
+    def endpoint_error(resampled: np.ndarray) -> float:
+        # How far the endpoints would move with other resamples: the larger of their Monte-Carlo errors.
+        return max(quantile_mc_error(resampled, 0.025), quantile_mc_error(resampled, 0.975))
+
+    draw(samples)
     resampled = np.concatenate(differences)
+    while (
+        mc_target is not None
+        and endpoint_error(resampled) > mc_target
+        and len(resampled) < BOOTSTRAP_MAX_FACTOR * samples
+    ):
+        draw(len(resampled))
+        resampled = np.concatenate(differences)
     observed = float(np.mean(metric(cell.sum(1)) - metric(baseline.sum(1))))
     p = 2 * min(np.mean(resampled <= 0), np.mean(resampled >= 0))
     low, high = np.nanpercentile(resampled, [2.5, 97.5])
-    # How far the endpoints would move with other resamples: the larger of their Monte-Carlo errors.
-    mc_error = max(quantile_mc_error(resampled, 0.025), quantile_mc_error(resampled, 0.975))
     return {"difference": observed, "ci95_low": float(low), "ci95_high": float(high),
-            "p_value": float(min(p, 1.0)), "samples": samples, "mc_error": mc_error}  # fmt: skip
+            "p_value": float(min(p, 1.0)), "samples": len(resampled),
+            "mc_error": endpoint_error(resampled)}  # fmt: skip
 
 
 def quantile_mc_error(resampled: np.ndarray, q: float) -> float:
