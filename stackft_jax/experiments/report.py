@@ -3,13 +3,17 @@
   per cell        mean, std, min, max and a 95% t-interval over seeds of the grid's `metric` on dev and,
                   beside it, on test when the runs scored a test file (of the same parameters,
                   `final_params`); how many of its runs are degenerate, flag by flag (degenerate.py)
-  comparisons     every cell against the baseline cell with the same other axis values, paired by seed:
-                  the per-seed differences in `metric` (dev; test beside it); paired t-test, Wilcoxon
-                  signed-rank and an exact sign-flip test over seeds, each Holm-corrected across the table
-                  (statsmodels), with each test's smallest attainable p at its seed count; almost
-                  stochastic order (deepsig: Dror et al. 2019, epsilon < 0.5 means the cell is better); a
-                  two-level paired bootstrap (seeds, then examples) of `metric` itself, recomputed from the
-                  saved per-example predictions (statistics.py). A comparison by or against a cell with a
+  comparisons     the grid's `comparisons` (cells.comparisons_of: any two cells; by default every cell
+                  against the baseline cell with the same other axis values), paired by seed: the
+                  per-seed differences in `metric` and, first, their 95% seed-level t-interval and
+                  two-sided p (dev; test beside it where both sides scored it); Wilcoxon signed-rank and
+                  an exact two-sided sign-flip test over seeds, each Holm-corrected across the table
+                  (statsmodels), with each test's smallest attainable p at its seed count; TOST at the
+                  grid's `equivalence_margin`; almost stochastic order (deepsig: Dror et al. 2019,
+                  epsilon < 0.5 means the cell is better); a two-level paired bootstrap (seeds, then
+                  examples) of `metric` itself, recomputed from the saved per-example predictions, with
+                  its endpoints' Monte-Carlo error (statistics.py); the compute ratio where
+                  experiments/compute.py's run_compute exists. A comparison by or against a cell with a
                   degenerate run is marked not `valid`: it is no evidence either way
   ensembles       the grid's `ensembles`, built from the finished runs (ensemble.py, equal weights) and
                   written to WORKDIR/ensembles/<cell>-seed<k>/, are cells of their own in the table, the
@@ -18,8 +22,11 @@
                   the parsed labels of the prediction files; each run's task (classification,
                   regression, tagging) is its resolved spec's (grid.run_spec), never guessed from them
   costs           per cell: train steps, training examples seen and wall seconds (results.json)
-  paper layout    the paper's reported gain per cell (the grid's optional `paper_results`, "<cell name>:
-                  <gain in points>; ...") beside the measured gain and its bootstrap interval
+  compute         per cell, the mean over seeds of what experiments/compute.py's run_compute gives (none
+                  where that module is absent)
+  paper layout    the paper's reported gain per comparison (the grid's optional `paper_results`,
+                  "<cell> vs <cell>: <gain in points> (note); ...") beside the measured gain and its
+                  t-interval, dev and test
   boundaries      per cell and frozen-backbone phase, what its end recorded: head parameter norm, dev
                   ECE, train/dev gap (mean and std over seeds)
   figures         figures/metric_by_cell.png (means with intervals), figures/dev_curves.png (dev metric
