@@ -1055,3 +1055,27 @@ def test_paper_presets_name_the_papers_contrasts_beside_the_same_head_rows(prese
     assert any(not r.configured for r in rows)  # the same-head baseline rows stay
     for label in cells.paper_results(g):  # every paper figure stands beside a row the report prints
         assert label in labels
+
+
+def test_compute_per_cell_and_the_compute_ratio_of_each_comparison(tmp_path, monkeypatch):
+    # experiments/compute.py (run_compute(run_dir) -> dict | None) comes from the compute-accounting
+    # work; here a stand-in: the report shows each numeric leaf per cell and every comparison's ratios.
+    import types
+
+    stand_in = types.ModuleType("stackft_jax.experiments.compute")
+    stand_in.run_compute = lambda run_dir: json.loads((Path(run_dir) / "compute.json").read_text())
+    monkeypatch.setitem(sys.modules, "stackft_jax.experiments.compute", stand_in)
+    g = _grid(axes="strategy=finetune_only|stack_and_finetune", num_seeds=2, bootstrap_samples=100)
+    for run in cells.runs_of(g):
+        stacked = run.cell[0][1] == "stack_and_finetune"
+        _scored_run(tmp_path, run, {"dev": (_learned(run.seed, 1 if stacked else 2), LABELS_12)})
+        compute = {"total": {"flops": 3e12 if stacked else 1e12, "examples": 96 if stacked else 48}}
+        (tmp_path / "runs" / run.name / "compute.json").write_text(json.dumps(compute))
+    grid_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    report = json.loads((tmp_path / "report.json").read_text())
+    by_cell = {row["name"]: row["compute"] for row in report["compute"]}
+    assert by_cell["strategy=stack_and_finetune"] == {"total.examples": 96.0, "total.flops": 3e12}
+    (row,) = report["comparisons"]
+    assert row["compute_ratio"] == {"total.examples": 2.0, "total.flops": 3.0}
+    text = (tmp_path / "report.md").read_text()
+    assert "compute: total.flops |" in text and "total.examples x2.00, total.flops x3.00" in text
