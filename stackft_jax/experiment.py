@@ -27,9 +27,30 @@ A grid config (configs/experiments/*.py) holds:
             plans to cost, by rule steps | examples (through the backbone's forward) | flops
             (experiments/budgets.py); each such run's config records the rule and the budget
             (`matched_budget.*`), e.g. "strategy=finetune_only@matched_flops:stack_and_finetune"
-  paper_results optional, "" by default: "<cell name>: <gain in points>; ..." the gain over the baseline
-            that a paper reports for that cell (source in the grid config's comment); the report's
-            paper-layout table shows it beside the measured gain, `not found` where it has none
+  comparisons optional, "baseline" by default: the report's comparison rows, "<cell> vs <cell>; ...",
+            each cell by the name the report prints (`strategy=stack_and_finetune-name=sim_transformer`,
+            an ensemble's `...-name=densenet+highway_lstm`): any two cells (cross-head, strategy against
+            strategy, ensemble against single run, either baseline recipe), cell minus the other, paired
+            by seed; the word `baseline` adds every cell against its baseline cell (the rows of a grid
+            without the key). A name that is no cell is refused before training
+  paper_results optional, "" by default: "<cell> vs <cell>: <gain in points> (note); ..." the gain a
+            paper reports for that comparison (a lone `<cell>`: against its baseline cell), with an
+            optional note on what the number is (no `;` in it); its source goes in the grid config's
+            comment; the report's paper-layout table shows it beside the measured gain, `not found`
+            where it has none
+  equivalence_margin optional, 0.01 by default (1 point of a 0-1 metric): the margin of the TOST
+            equivalence test every comparison gets; "level" or "no difference" may be said of a
+            comparison only where TOST gives p < 0.05 at this margin
+  bootstrap_samples optional, 5000 by default: resamples of the two-level bootstrap (the report prints
+            its endpoints' Monte-Carlo error; 5,000 keeps them within 0.1 point, statistics.py)
+
+`comparisons`, `paper_results`, `equivalence_margin` and `bootstrap_samples` are report-only: adding or
+changing them on a grid workdir refuses nothing and retrains nothing (workdirs.GRID_REPORT_ONLY_KEYS);
+`--report_only` rewrites the report with them.
+
+The report's primary interval for every comparison is the seed-level paired t-interval (95%, on dev and
+on test where the runs scored it); every test is two-sided; where an exact test cannot reach 0.05 at
+the grid's seed count the report says so, with its smallest attainable p.
 
 A test split for every run is the base config's `data.test_file` (`base="...,data.test_file=FILE"`); the
 report shows test beside dev wherever runs scored it.

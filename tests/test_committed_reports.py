@@ -1,10 +1,15 @@
 """The committed grid reports (docs/grids/) are what their per-run files say: each report's statistics
-are recomputed from the committed results, predictions and configs alone, and must match to the digit."""
+are recomputed from the committed results, predictions and configs alone, and must match to the digit;
+and every comparison's t-interval and two-sided p follow from the runs' results.json by scipy alone."""
 
+import itertools
+import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
+import scipy.stats
 
 from stackft_jax.config import config_cli
 from stackft_jax.experiments import grid_report
@@ -38,3 +43,59 @@ def test_a_committed_report_is_recomputed_from_its_per_run_files(folder, tmp_pat
     grid_report.write_report(grid, copy)
     for name in ("report.json", "report.md"):
         assert (copy / name).read_text() == (committed / name).read_text(), name
+
+
+def _dev_scores(folder: Path, run_names: list[str], metric: str, split: str) -> list[float] | None:
+    """Each run's `metric` on `split` as its own committed results.json (or ensemble's) records it."""
+    scores = []
+    for name in run_names:
+        for kind in ("runs", "ensembles"):
+            results = folder / kind / name / "results.json"
+            if results.is_file():
+                recorded = json.loads(results.read_text())
+                final = recorded["ensemble"] if kind == "ensembles" else recorded["final"]
+                break
+        else:
+            raise AssertionError(f"{folder}: no committed run or ensemble {name}")
+        value = final.get(split, {}).get(metric)
+        if value is None:
+            return None
+        scores.append(float(value))
+    return scores
+
+
+@pytest.mark.parametrize("folder", sorted(COMMITTED))
+def test_every_comparisons_t_interval_and_p_are_recomputed_from_the_per_run_files(folder):
+    # Independently of report.py: per-seed differences from each run's committed results.json, the paired
+    # t-interval and two-sided p by scipy, the exact two-sided sign flip by enumerating the sign vectors.
+    committed = REPO / folder
+    report_json = json.loads((committed / "report.json").read_text())
+    metric = report_json["grid"]["metric"]
+    assert report_json["statistics"]["tests"] == "all two-sided"
+    assert report_json["comparisons"], folder
+    for row in report_json["comparisons"]:
+        for split, stats in (("dev", row), ("test", row.get("test"))):
+            if stats is None:
+                continue
+            ours = _dev_scores(committed, [f"{row['name']}-seed{s}" for s in row["seeds"]], metric, split)
+            theirs = _dev_scores(committed, [f"{row['versus']}-seed{s}" for s in row["seeds"]], metric, split)
+            assert ours is not None and theirs is not None, (row["name"], row["versus"])
+            d = np.subtract(ours, theirs)
+            assert stats["per_seed"] == pytest.approx(d.tolist(), abs=1e-12)
+            interval = stats["t_interval"]
+            if len(d) > 1 and np.ptp(d) > 0:
+                t = scipy.stats.ttest_1samp(d, 0.0)
+                ci = t.confidence_interval(0.95)
+                assert (interval["ci_low"], interval["ci_high"]) == (
+                    pytest.approx(ci.low),
+                    pytest.approx(ci.high),
+                )
+                assert interval["p_value"] == pytest.approx(t.pvalue)
+                if split == "dev":
+                    assert row["t_test_p"] == pytest.approx(t.pvalue)
+            if split == "dev" and row["sign_flip_p"] is not None:
+                # Every sign assignment, ties to 1e-9 (scipy's permutation_test breaks exact ties such as
+                # |-5/3000| vs |+5/3000| by float rounding), counted two-sided.
+                means = np.asarray(list(itertools.product((1, -1), repeat=len(d)))) @ d / len(d)
+                exact = np.mean(np.abs(means) >= abs(d.mean()) - 1e-9)
+                assert row["sign_flip_p"] == pytest.approx(exact)

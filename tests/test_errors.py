@@ -273,8 +273,17 @@ def test_a_grid_workdir_is_bound_to_its_grid_config(tmp_path):
     assert json.loads(history[0])["record"]["grid"]["base"] == "configs/tiny.py"
     assert not (tmp_path / "ensembles").exists()  # the old grid's ensembles go; the report rebuilds them
     grid.plan_grid(other, tmp_path)  # now the recorded one
-    # The paper's numbers only label the report: they may change.
-    grid.plan_grid(_grid(base=other.base, axes=g.axes, num_seeds=1, paper_results="x: 1.0"), tmp_path)
+    # The paper's numbers and the report's comparisons only shape the report: they may change.
+    grid.plan_grid(
+        _grid(
+            base=other.base,
+            axes=g.axes,
+            num_seeds=1,
+            paper_results="strategy=stack_only: 1.0",
+            comparisons="strategy=finetune_only vs strategy=stack_only",
+        ),
+        tmp_path,
+    )
 
 
 # --- ensembles -----------------------------------------------------------------------------------

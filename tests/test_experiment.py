@@ -17,10 +17,9 @@ import scipy.stats
 
 from stackft_jax.config import config_cli, spec
 from stackft_jax.data import metrics
-from stackft_jax.experiments import cells, grid
-from stackft_jax.experiments import grid_report as grid_report
+from stackft_jax.experiments import cells, grid, grid_report
 from stackft_jax.runtime.cli_errors import ConfigError
-from stackft_jax.training import degenerate, prediction_files
+from stackft_jax.training import degenerate, prediction_files, workdirs
 from tests.conftest import REPO
 
 ASO_ITERATIONS = 50  # deepsig's default of 1000 takes half a minute per comparison
@@ -700,7 +699,8 @@ def test_a_degenerate_baseline_is_flagged_and_its_comparisons_are_not_wins(tmp_p
     assert "**dev**: one_class 3/3, f1_zero 3/3, at_or_below_majority 3/3 |" in text
     # The gain is struck through and named invalid, in the comparisons and the paper layout alike.
     assert "| strategy=stack_and_finetune | strategy=finetune_only | no: baseline one_class 3/3" in text
-    assert f"~~+{100 * (11 / 12 - 7 / 12):.2f}~~" in text
+    gain = f"{100 * (11 / 12 - 7 / 12):+.2f}"
+    assert f"~~{gain} [{gain}, {gain}]~~" in text  # the t-interval of a gain without spread is the point
     assert "| not found |" in text and text.count("| no |") == 2
 
 
@@ -772,7 +772,7 @@ def test_the_bootstrap_recomputes_entity_f1_and_test_is_shown_beside_dev(tmp_pat
     assert cell["test"]["n"] == 2 and cell["test"]["std"] == 0.0
     text = (tmp_path / "report.md").read_text()
     assert f"| {_fmt4(cell['test']['mean'])} ± 0.0000 |" in text
-    assert f"| {100 * row['test_mean_difference']:+.2f} |" in text
+    assert f"| {100 * row['test_mean_difference']:+.2f} [" in text  # the test t-interval beside dev's
     # Entity F1 per type, mean and std over seeds, in report.json and as a table per split.
     runs = [r for r in cells.runs_of(g) if r.cell == cells.runs_of(g)[-1].cell]
     per_seed = [json.loads((tmp_path / "runs" / r.name / "results.json").read_text()) for r in runs]
@@ -801,13 +801,16 @@ def test_report_states_what_tests_can_show_at_five_seeds(tmp_path):
     grid_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
     (row,) = json.loads((tmp_path / "report.json").read_text())["comparisons"]
     assert row["per_seed"] == pytest.approx([2 / 12] * 5)  # better at every seed, by the same amount
-    assert row["sign_flip_p"] == pytest.approx(1 / 32) and row["wilcoxon_p"] == pytest.approx(0.0625)
-    assert row["smallest_p"] == {"t_test": 0.0, "wilcoxon": 0.0625, "sign_flip": 1 / 32}
-    assert row["can_reach_alpha"] == {"t_test": True, "wilcoxon": False, "sign_flip": True}
+    # Two-sided: better at all 5 seeds gives the sign flip 2/32, which cannot reach 0.05, and the report
+    # says so.
+    assert row["sign_flip_p"] == pytest.approx(2 / 32) and row["wilcoxon_p"] == pytest.approx(0.0625)
+    assert row["smallest_p"] == {"t_test": 0.0, "wilcoxon": 0.0625, "sign_flip": 2 / 32}
+    assert row["can_reach_alpha"] == {"t_test": True, "wilcoxon": False, "sign_flip": False}
     assert row["t_test_p"] is None  # no spread in the differences
     text = (tmp_path / "report.md").read_text()
-    assert "0.062 (0.062) †" in text and "0.031 (0.031) |" in text
-    assert "Wilcoxon 2/2^n (0.0625 at 5)" in text
+    assert text.count("0.062 (0.062) †") == 2
+    assert "Wilcoxon and sign flip 2/2^n (0.0625 at 5" in text
+    assert "At 5 seeds the exact two-sided sign-flip and Wilcoxon tests cannot reach 0.05" in text
     assert "per type" not in text  # accuracy has no per-type scores
 
 
@@ -827,10 +830,17 @@ def test_costs_per_cell_and_the_papers_gains(tmp_path):
     stacked = next(c for c in report["costs"] if c["name"] == "strategy=stack_and_finetune")
     assert (stacked["n"], stacked["train_steps"]["mean"], stacked["examples_seen"]["total"]) == (2, 6, 192)
     assert stacked["wall_time_s"] == {"mean": 10.5, "total": 21.0}
-    assert report["paper_results"] == {"strategy=stack_and_finetune": 4.7}
+    assert report["paper_results"] == {
+        "strategy=stack_and_finetune vs strategy=finetune_only": {"gain": 4.7, "note": ""}
+    }
     text = (tmp_path / "report.md").read_text()
     assert "| strategy=stack_and_finetune | 2 | 6 | 96 | 10.5 | 21.0 |" in text
     assert "| strategy=stack_and_finetune | strategy=finetune_only | +4.70 | +8.33 [" in text
+    noted = _grid(axes="strategy=finetune_only|stack_and_finetune", paper_results=(
+        "strategy=stack_and_finetune vs strategy=finetune_only: +4.7 (abstract, per task)"))  # fmt: skip
+    assert cells.paper_results(noted) == {
+        "strategy=stack_and_finetune vs strategy=finetune_only": {"gain": 4.7, "note": "abstract, per task"}
+    }
 
     with pytest.raises(ConfigError, match="no cell is named 'strategy=nope'"):
         cells.paper_results(_grid(paper_results="strategy=nope: 1.0"))
@@ -905,3 +915,171 @@ def test_status_lists_what_is_left_and_writes_nothing(tmp_path):
         f"  not started  shard 1/2  {runs[3].name}",
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]  # no binding, no report
+
+
+CROSS = "strategy=stack_and_finetune-name=esim vs strategy=finetune_only-name=cls_mlp"
+
+
+def test_configured_comparisons_pair_any_two_cells_with_a_t_interval_first(tmp_path):
+    g = _grid(num_seeds=3, comparisons=f"{CROSS}; baseline", bootstrap_samples=200)
+    wrong = {("finetune_only", "cls_mlp"): 3, ("finetune_only", "esim"): 5,
+             ("stack_and_finetune", "cls_mlp"): 3, ("stack_and_finetune", "esim"): 1}  # fmt: skip
+    for run in cells.runs_of(g):
+        misses = wrong[dict(run.cell)["strategy"], dict(run.cell)["head.name"]] + (run.seed == 2)
+        _scored_run(tmp_path, run, {"dev": (_learned(run.seed, misses), LABELS_12)})
+    grid_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    report = json.loads((tmp_path / "report.json").read_text())
+    rows = report["comparisons"]
+    # The configured cross-head row first, then the same-head baseline rows.
+    assert [f"{r['name']} vs {r['versus']}" for r in rows] == [
+        CROSS,
+        "strategy=stack_and_finetune-name=cls_mlp vs strategy=finetune_only-name=cls_mlp",
+        "strategy=stack_and_finetune-name=esim vs strategy=finetune_only-name=esim",
+    ]
+    assert [r["configured"] for r in rows] == [True, False, False]
+    cross = rows[0]
+    by_name = {r["name"]: r for r in report["runs"]}
+    expected = [
+        by_name[f"strategy=stack_and_finetune-name=esim-seed{s}"]["final"]["dev"]["accuracy"]
+        - by_name[f"strategy=finetune_only-name=cls_mlp-seed{s}"]["final"]["dev"]["accuracy"]
+        for s in range(3)
+    ]
+    assert cross["per_seed"] == pytest.approx(expected)
+    t = scipy.stats.ttest_1samp(expected, 0.0)
+    interval = t.confidence_interval(0.95)
+    assert cross["t_interval"]["ci_low"] == pytest.approx(interval.low)
+    assert cross["t_interval"]["ci_high"] == pytest.approx(interval.high)
+    assert cross["t_test_p"] == pytest.approx(t.pvalue)
+    # At least the grid's bootstrap_samples, doubled (up to 8 times) while its MC error is above 0.05 point.
+    assert 200 <= cross["bootstrap"]["samples"] <= 1600 and cross["bootstrap"]["mc_error"] > 0
+    assert cross["tost"]["margin"] == 0.01
+    text = (tmp_path / "report.md").read_text()
+    assert "| strategy=stack_and_finetune-name=esim | strategy=finetune_only-name=cls_mlp | yes |" in text
+    assert f"{100 * np.mean(expected):+.2f} [{100 * interval.low:+.2f}, {100 * interval.high:+.2f}]" in text
+    assert "**Primary interval: the seed-level paired t-interval**" in text
+    assert "Compute per cell: not shown" in text  # no experiments/compute.py in this version
+
+
+@pytest.mark.parametrize(
+    ("comparisons", "message"),
+    [
+        ("strategy=nope vs strategy=finetune_only-name=cls_mlp", "no cell is named 'strategy=nope'"),
+        ("strategy=finetune_only-name=cls_mlp", "is not `<cell name> vs <cell name>`"),
+        (f"{CROSS.split(' vs ')[1]} vs {CROSS.split(' vs ')[1]}", "compares a cell with itself"),
+    ],
+)
+def test_bad_comparisons_are_named_before_training(tmp_path, comparisons, message):
+    with pytest.raises(config_cli.ConfigError, match=re.escape(message)):
+        grid.plan_grid(_grid(comparisons=comparisons), tmp_path)
+    assert not (tmp_path / "grid_config.json").exists()
+
+
+def test_an_ensemble_can_be_compared_with_a_single_run():
+    g = _grid(
+        ensembles="head.name=cls_mlp+esim",
+        comparisons="strategy=stack_and_finetune-name=cls_mlp+esim vs strategy=finetune_only-name=cls_mlp",
+    )
+    (row,) = cells.comparisons_of(g)
+    assert row.cell == (("strategy", "stack_and_finetune"), ("head.name", "cls_mlp+esim"))
+    assert row.other == (("strategy", "finetune_only"), ("head.name", "cls_mlp")) and row.configured
+    # Without the key: today's rows, every cell (ensembles too) against its same-head baseline.
+    default = cells.comparisons_of(_grid(ensembles="head.name=cls_mlp+esim"))
+    assert [r.label for r in default] == [
+        "strategy=stack_and_finetune-name=cls_mlp vs strategy=finetune_only-name=cls_mlp",
+        "strategy=stack_and_finetune-name=esim vs strategy=finetune_only-name=esim",
+        "strategy=stack_and_finetune-name=cls_mlp+esim vs strategy=finetune_only-name=cls_mlp+esim",
+    ]
+
+
+def test_report_only_keys_change_on_a_finished_grid_without_refusal_or_retraining(monkeypatch, tmp_path):
+    monkeypatch.chdir(REPO)
+    old = _grid(axes="strategy=finetune_only|stack_and_finetune", num_seeds=2)
+    trained = _fake_training(monkeypatch, old, tmp_path)
+    assert grid.run_grid(old, tmp_path) and len(trained) == 4
+    recorded = (tmp_path / "grid_config.json").read_text()
+    new = _grid(
+        axes="strategy=finetune_only|stack_and_finetune",
+        num_seeds=2,
+        comparisons="baseline; strategy=finetune_only vs strategy=stack_and_finetune",
+        paper_results="strategy=stack_and_finetune: +4.7 (abstract)",
+        equivalence_margin=0.02,
+        bootstrap_samples=100,
+    )
+    assert grid.run_grid(new, tmp_path) and len(trained) == 4  # nothing retrained, nothing refused
+    assert (tmp_path / "grid_config.json").read_text() == recorded
+    grid_report.write_report(new, tmp_path, aso_iterations=ASO_ITERATIONS)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert len(report["comparisons"]) == 2 and report["statistics"]["equivalence_margin"] == 0.02
+    # A key that changes what trains still binds the workdir.
+    with pytest.raises(workdirs.ConfigMismatch, match="grid.num_seeds"):
+        grid.plan_grid(_grid(axes="strategy=finetune_only|stack_and_finetune", num_seeds=3), tmp_path)
+
+
+SF = "strategy=stack_and_finetune"
+
+
+@pytest.mark.parametrize(
+    ("preset", "contrast"),
+    [
+        (
+            "paper_qqp.py",
+            "strategy=stack_and_finetune-name=bimpm vs strategy=finetune_only_uniform-name=cls_mlp",
+        ),
+        (
+            "paper_qqp.py:small",
+            "strategy=stack_and_finetune-name=sim_transformer vs strategy=finetune_only-name=cls_mlp",
+        ),
+        (
+            "paper_qqp.py:test",
+            f"{SF}-name=sim_transformer vs strategy=finetune_only_uniform-name=sim_transformer",
+        ),
+        (
+            "paper_yahoo.py:small",
+            f"{SF}-name=densenet+highway_lstm vs {SF}-name=densenet",
+        ),
+        (
+            "paper_yahoo.py:test",
+            "strategy=stack_and_finetune-name=densenet+highway_lstm vs strategy=finetune_only-name=cls_mlp",
+        ),
+        (
+            "paper_conll.py",
+            "strategy=stack_and_finetune-name=bilstm_crf vs strategy=finetune_only-name=token_mlp",
+        ),
+        (
+            "paper_conll.py:small",
+            "strategy=stack_and_finetune-name=bilstm_crf vs strategy=finetune_only-name=token_mlp",
+        ),
+    ],
+)
+def test_paper_presets_name_the_papers_contrasts_beside_the_same_head_rows(preset, contrast):
+    g = config_cli.load(str(REPO / "configs/experiments" / preset), [], kind="grid")
+    rows = cells.comparisons_of(g)
+    labels = [r.label for r in rows]
+    assert contrast in labels and rows[labels.index(contrast)].configured
+    assert any(not r.configured for r in rows)  # the same-head baseline rows stay
+    for label in cells.paper_results(g):  # every paper figure stands beside a row the report prints
+        assert label in labels
+
+
+def test_compute_per_cell_and_the_compute_ratio_of_each_comparison(tmp_path, monkeypatch):
+    # training/compute.py's run_compute reads a run's record (tests/test_compute.py); here a stand-in
+    # with round numbers: the report shows each total per cell and every comparison's ratios.
+    from stackft_jax.training import compute
+
+    monkeypatch.setattr(
+        compute, "run_compute", lambda run_dir: json.loads((Path(run_dir) / "compute.json").read_text())
+    )
+    g = _grid(axes="strategy=finetune_only|stack_and_finetune", num_seeds=2, bootstrap_samples=100)
+    for run in cells.runs_of(g):
+        stacked = run.cell[0][1] == "stack_and_finetune"
+        _scored_run(tmp_path, run, {"dev": (_learned(run.seed, 1 if stacked else 2), LABELS_12)})
+        compute = {"total": {"flops": 3e12 if stacked else 1e12, "examples": 96 if stacked else 48}}
+        (tmp_path / "runs" / run.name / "compute.json").write_text(json.dumps(compute))
+    grid_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    report = json.loads((tmp_path / "report.json").read_text())
+    by_cell = {row["name"]: row["compute"] for row in report["compute"]}
+    assert by_cell["strategy=stack_and_finetune"] == {"total.examples": 96.0, "total.flops": 3e12}
+    (row,) = report["comparisons"]
+    assert row["compute_ratio"] == {"total.examples": 2.0, "total.flops": 3.0}
+    text = (tmp_path / "report.md").read_text()
+    assert "compute: total.flops |" in text and "total.examples x2.00, total.flops x3.00" in text

@@ -103,30 +103,106 @@ def test_two_level_bootstrap_draws_all_its_samples_at_grid_size():
     assert result["samples"] == statistics.BOOTSTRAP_SAMPLES
 
 
-def test_sign_flip_test_by_hand():
-    # Three seeds, all better: of the 8 sign assignments only (+,+,+) reaches the observed mean.
-    assert statistics.sign_flip_test([0.01, 0.02, 0.03]) == pytest.approx(1 / 8)
-    assert statistics.sign_flip_test([0.01, 0.02, 0.03], "two-sided") == pytest.approx(2 / 8)
-    # (+0.03, -0.01): means of (+,+) 0.01, (+,-) 0.02, (-,+) -0.02, (-,-) -0.01; >= 0.01: two of four.
-    assert statistics.sign_flip_test([0.03, -0.01]) == pytest.approx(2 / 4)
-    # Five seeds all better: 1/32, below 0.05, where Wilcoxon's two-sided 2/32 cannot go.
+def test_sign_flip_test_by_hand_is_two_sided():
+    # Three seeds, all better: of the 8 sign assignments (+,+,+) and (-,-,-) reach |observed mean|.
+    assert statistics.sign_flip_test([0.01, 0.02, 0.03]) == pytest.approx(2 / 8)
+    assert statistics.sign_flip_test([0.01, 0.02, 0.03], "greater") == pytest.approx(1 / 8)
+    # All worse gets the same p as all better (a one-sided test gave it 1.0).
+    assert statistics.sign_flip_test([-0.01, -0.02, -0.03]) == pytest.approx(2 / 8)
+    # (+0.03, -0.01): means of (+,+) 0.01, (+,-) 0.02, (-,+) -0.02, (-,-) -0.01: all four reach |0.01|.
+    assert statistics.sign_flip_test([0.03, -0.01]) == pytest.approx(1.0)
+    # Five seeds all better: 2/32 = 0.0625, like Wilcoxon's: neither can reach 0.05 at 5 seeds.
     d = [0.01, 0.02, 0.03, 0.04, 0.05]
-    assert statistics.sign_flip_test(d) == pytest.approx(1 / 32) and 1 / 32 < 0.05
+    assert statistics.sign_flip_test(d) == pytest.approx(statistics.smallest_p("sign_flip", 5)) == 0.0625
     assert scipy.stats.wilcoxon(d).pvalue == pytest.approx(statistics.smallest_p("wilcoxon", 5)) == 0.0625
-    exact = scipy.stats.permutation_test(
-        (np.asarray(d),), np.mean, permutation_type="samples", alternative="greater", n_resamples=np.inf
-    )
-    assert statistics.sign_flip_test(d) == pytest.approx(exact.pvalue)
+    for sample in (np.asarray(d), np.asarray([0.03, -0.01, 0.02, -0.005, 0.01])):
+        exact = scipy.stats.permutation_test(
+            (sample,), np.mean, permutation_type="samples", alternative="two-sided", n_resamples=np.inf
+        )
+        assert statistics.sign_flip_test(sample) == pytest.approx(exact.pvalue)
 
 
 def test_smallest_p_and_what_holm_lets_speak():
     assert statistics.smallest_p("wilcoxon", 5) == 0.0625
-    assert statistics.smallest_p("sign_flip", 5) == 1 / 32
+    assert statistics.smallest_p("sign_flip", 5) == 2 / 32 and statistics.smallest_p("sign_flip", 6) == 2 / 64
     assert statistics.smallest_p("bootstrap", 5, samples=1000) == 0.001
     assert not statistics.can_reach("wilcoxon", 5, family_size=1)
-    assert statistics.can_reach("sign_flip", 5, family_size=1)
-    assert not statistics.can_reach("sign_flip", 5, family_size=2)  # Holm: 2 x 1/32 > 0.05
+    assert not statistics.can_reach("sign_flip", 5, family_size=1)
+    assert statistics.can_reach("sign_flip", 6, family_size=1)
+    assert not statistics.can_reach("sign_flip", 6, family_size=2)  # Holm: 2 x 2/64 > 0.05
     assert statistics.can_reach("t_test", 2, family_size=12)
+
+
+def test_t_interval_is_scipys_paired_t_interval():
+    d = [0.0435, 0.031, 0.058, 0.049, 0.036]
+    result = statistics.t_interval(d)
+    n, mean, sem = len(d), np.mean(d), scipy.stats.sem(d)
+    low, high = scipy.stats.t.interval(0.95, n - 1, loc=mean, scale=sem)
+    assert (result["ci_low"], result["ci_high"]) == (pytest.approx(low), pytest.approx(high))
+    assert result["p_value"] == pytest.approx(scipy.stats.ttest_rel(np.asarray(d) + 1, np.ones(n)).pvalue)
+    # All worse: the same two-sided p as all better.
+    assert statistics.t_interval([-x for x in d])["p_value"] == pytest.approx(result["p_value"])
+    assert statistics.t_interval([0.01])["ci_low"] is None
+    flat = statistics.t_interval([0.02, 0.02, 0.02])
+    assert flat["p_value"] is None and flat["ci_low"] == flat["ci_high"] == 0.02
+
+
+def test_tost_backs_level_only_when_the_interval_fits_in_the_margin():
+    rng = np.random.default_rng(5)
+    tight = 0.001 * rng.standard_normal(5)  # within +-0.3 points, margin 1 point
+    wide = 0.02 * rng.standard_normal(5)  # a mean near 0 but seeds spread by 2 points: no evidence of level
+    assert statistics.tost(tight, 0.01)["equivalent"] is True
+    result = statistics.tost(wide, 0.01)
+    assert result["equivalent"] is False and result["p_value"] > 0.05
+    # TOST at level 0.05 is equivalence exactly when the 90% t-interval lies within the margin.
+    for d in (tight, wide):
+        interval = statistics.t_interval(d, confidence=0.90)
+        inside = -0.01 < interval["ci_low"] and interval["ci_high"] < 0.01
+        assert statistics.tost(d, 0.01)["equivalent"] is inside
+
+
+def test_bootstrap_reports_the_monte_carlo_error_of_its_endpoints():
+    rng = np.random.default_rng(6)
+    cell, baseline = (_accuracy_counts((rng.random((5, 400)) < p).astype(float)) for p in (0.75, 0.7))
+    runs = [
+        statistics.two_level_bootstrap(cell, baseline, accuracy, samples=2000, seed=s, mc_target=None)
+        for s in range(4)
+    ]
+    error = runs[0]["mc_error"]
+    assert 0 < error < 0.01 and runs[0]["samples"] == 2000
+    lows = [r["ci95_low"] for r in runs]
+    assert max(lows) - min(lows) < 6 * error  # the stated error is the spread a reader sees
+    # With a target, resamples are doubled until the error meets it (or 8 times the minimum).
+    targeted = statistics.two_level_bootstrap(cell, baseline, accuracy, samples=500, mc_target=error)
+    assert targeted["mc_error"] <= error and 500 < targeted["samples"] <= 8 * 500
+
+
+@pytest.mark.slow
+def test_bootstrap_endpoints_are_stable_to_a_tenth_of_a_point():
+    # The measurement behind BOOTSTRAP_SAMPLES, on the committed QQP grid's comparison whose 1,000-resample
+    # lower endpoint changed sign between resampling seeds (stack-and-finetune vs finetune-only cls_mlp).
+    from pathlib import Path
+
+    from stackft_jax.config import config_cli
+    from stackft_jax.experiments import grid_report
+
+    repo = Path(__file__).resolve().parent.parent
+    grid = config_cli.load(str(repo / "configs/experiments/paper_qqp.py") + ":small", [], kind="grid")
+    runs = {
+        (r.run.cell_name, r.run.seed): r
+        for r in grid_report.load_runs(grid, repo / "docs/grids/paper_qqp_small")
+    }
+    ours, theirs = (
+        [runs[f"strategy={s}-name=cls_mlp", k] for k in range(5)]
+        for s in ("stack_and_finetune", "finetune_only")
+    )
+    paired = grid_report._paired_counts(ours, theirs, "dev", "accuracy")
+    results = [statistics.two_level_bootstrap(*paired, seed=seed) for seed in range(3)]
+    for end in ("ci95_low", "ci95_high"):
+        values = [100 * r[end] for r in results]
+        assert max(values) - min(values) <= 0.1, (end, values)
+    assert all(100 * r["mc_error"] <= 0.05 for r in results)
+    assert all(r["samples"] == statistics.BOOTSTRAP_SAMPLES for r in results)  # no doubling needed here
 
 
 def test_bootstrap_p_is_never_printed_as_zero():

@@ -69,5 +69,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.num_seeds = 5  # seeds 0 .. num_seeds-1 per cell
     c.baseline = "recipe=finetune_only"  # the cell every other value of this axis is compared with
     c.metric = "accuracy"  # the dev metric of the comparisons (the paper's measure)
+    # Report-only: the recipe change itself (dropout against the cached phase 1), then each recipe
+    # against finetune-only.
+    c.comparisons = "recipe=dropout vs recipe=cached; baseline"
+    c.equivalence_margin = 0.01  # TOST's margin (accuracy, 1 point) behind any "level" in the docs
     config_cli.apply_items(c, arg, {"small": small, "separate": separate})
     return c

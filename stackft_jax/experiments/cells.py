@@ -179,18 +179,82 @@ def check_grid(grid: ml_collections.ConfigDict) -> None:
             )
 
 
-def paper_results(grid: ml_collections.ConfigDict) -> dict[str, float]:
-    """The grid's optional `paper_results`, "<cell name>: <gain in points>; ...": the gain over the
-    baseline the paper reports for that cell (its source belongs in the grid config's comment)."""
-    gains = {}
-    cells = {Run(cell, 0).cell_name for cell in dict.fromkeys(r.cell for r in runs_of(grid))}
+def _cells_by_name(grid: ml_collections.ConfigDict) -> dict[str, tuple[tuple[str, str], ...]]:
+    """Every cell of the grid, its ensembles' included, by the name the report gives it."""
+    cells = [r.cell for r in runs_of(grid)] + [e.run.cell for e in ensembles_of(grid)]
+    return {Run(cell, 0).cell_name: cell for cell in dict.fromkeys(cells)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """One row of the report's comparisons: `cell` against `other`, paired by seed."""
+
+    cell: tuple[tuple[str, str], ...]
+    other: tuple[tuple[str, str], ...]
+    configured: bool  # named in the grid's `comparisons`; False: a same-other-axes baseline row
+
+    @property
+    def label(self) -> str:
+        return f"{Run(self.cell, 0).cell_name} vs {Run(self.other, 0).cell_name}"
+
+
+BASELINE_ROWS = "baseline"  # in `comparisons`: every cell against its baseline cell (the default)
+
+
+def comparisons_of(grid: ml_collections.ConfigDict) -> list[Comparison]:
+    """The grid's `comparisons`, "<cell name> vs <cell name>; baseline; ..." (cell names as the report
+    prints them, ensembles' included): any two cells, in the order given; `baseline` stands for every
+    cell against the cell with the baseline's value and the same other axis values (the rows of a grid
+    without the key). Report-only: changing it retrains nothing (workdirs.GRID)."""
+    key, base_value = baseline_of(grid)
+    cells = _cells_by_name(grid)
+    rows: dict[tuple, Comparison] = {}
+    for part in filter(str.strip, grid.get("comparisons", BASELINE_ROWS).split(";")):
+        part = part.strip()
+        if part == BASELINE_ROWS:
+            for cell in cells.values():
+                if dict(cell)[key] != base_value:
+                    other = with_value(cell, key, base_value)
+                    rows.setdefault((cell, other), Comparison(cell, other, configured=False))
+            continue
+        names = [name.strip() for name in part.split(" vs ")]
+        where = f"config key 'comparisons': {part!r}"
+        if len(names) != 2:
+            raise ConfigError(f"{where} is not `<cell name> vs <cell name>` or `{BASELINE_ROWS}`")
+        unknown = [name for name in names if name not in cells]
+        if unknown:
+            raise ConfigError(f"{where}: no cell is named {unknown[0]!r} (cells: {', '.join(cells)})")
+        if names[0] == names[1]:
+            raise ConfigError(f"{where} compares a cell with itself")
+        cell, other = cells[names[0]], cells[names[1]]
+        rows[cell, other] = Comparison(cell, other, configured=True)
+    return list(rows.values())
+
+
+# "<comparison>: <gain> (note)": cell names hold no colon; a note may, but no semicolon (it separates).
+_PAPER_RESULT = re.compile(
+    r"^\s*(?P<name>[^:]+?)\s*:\s*(?P<gain>[+-]?\d+(?:\.\d*)?)\s*(?:\((?P<note>[^)]*)\))?\s*$"
+)
+
+
+def paper_results(grid: ml_collections.ConfigDict) -> dict[str, dict[str, float | str]]:
+    """The grid's optional `paper_results`, "<comparison>: <gain in points> [(note)]; ...", keyed by the
+    comparison's label ("<cell name> vs <cell name>"; a lone cell name means against its baseline
+    cell): the gain the paper reports for it, with a note on where it stands (its source belongs in the
+    grid config's comment). Report-only, like `comparisons`."""
+    key, base_value = baseline_of(grid)
+    cells = _cells_by_name(grid)
+    gains: dict[str, dict[str, float | str]] = {}
     for part in filter(str.strip, grid.get("paper_results", "").split(";")):
-        name, _, value = part.rpartition(":")
         where = f"config key 'paper_results': {part.strip()!r}"
-        try:
-            gains[name.strip()] = float(value)
-        except ValueError:
-            raise ConfigError(f"{where} is not `<cell name>: <gain in points>`") from None
-        if name.strip() not in cells and "+" not in name:  # ensembles' cells are named by the report
-            raise ConfigError(f"{where}: no cell is named {name.strip()!r}")
+        match = _PAPER_RESULT.match(part)
+        if match is None:
+            raise ConfigError(f"{where} is not `<comparison>: <gain in points> [(note)]`")
+        names = [n.strip() for n in match["name"].split(" vs ")]
+        unknown = [n for n in names if n not in cells]
+        if unknown or len(names) > 2:
+            raise ConfigError(f"{where}: no cell is named {(unknown or names)[0]!r}")
+        if len(names) == 1:
+            names.append(Run(with_value(cells[names[0]], key, base_value), 0).cell_name)
+        gains[" vs ".join(names)] = {"gain": float(match["gain"]), "note": match["note"] or ""}
     return gains

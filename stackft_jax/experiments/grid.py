@@ -26,7 +26,9 @@ from stackft_jax.experiments.cells import (
     Run,
     baseline_of,
     check_grid,
+    comparisons_of,
     ensembles_of,
+    paper_results,
     runs_of,
     with_value,
 )
@@ -159,6 +161,8 @@ def plan_grid(
     runs = runs_of(grid)
     baseline_of(grid)
     ensembles = ensembles_of(grid)
+    comparisons_of(grid)  # report-only keys, checked now so a typo fails before hours of training
+    paper_results(grid)
     specs = _run_specs(grid, runs, workdir)
     check_metric(grid, specs)
     check_ensembles(grid, ensembles, specs)

@@ -3,13 +3,17 @@
   per cell        mean, std, min, max and a 95% t-interval over seeds of the grid's `metric` on dev and,
                   beside it, on test when the runs scored a test file (of the same parameters,
                   `final_params`); how many of its runs are degenerate, flag by flag (degenerate.py)
-  comparisons     every cell against the baseline cell with the same other axis values, paired by seed:
-                  the per-seed differences in `metric` (dev; test beside it); paired t-test, Wilcoxon
-                  signed-rank and an exact sign-flip test over seeds, each Holm-corrected across the table
-                  (statsmodels), with each test's smallest attainable p at its seed count; almost
-                  stochastic order (deepsig: Dror et al. 2019, epsilon < 0.5 means the cell is better); a
-                  two-level paired bootstrap (seeds, then examples) of `metric` itself, recomputed from the
-                  saved per-example predictions (statistics.py). A comparison by or against a cell with a
+  comparisons     the grid's `comparisons` (cells.comparisons_of: any two cells; by default every cell
+                  against the baseline cell with the same other axis values), paired by seed: the
+                  per-seed differences in `metric` and, first, their 95% seed-level t-interval and
+                  two-sided p (dev; test beside it where both sides scored it); Wilcoxon signed-rank and
+                  an exact two-sided sign-flip test over seeds, each Holm-corrected across the table
+                  (statsmodels), with each test's smallest attainable p at its seed count; TOST at the
+                  grid's `equivalence_margin`; almost stochastic order (deepsig: Dror et al. 2019,
+                  epsilon < 0.5 means the cell is better); a two-level paired bootstrap (seeds, then
+                  examples) of `metric` itself, recomputed from the saved per-example predictions, with
+                  its endpoints' Monte-Carlo error (statistics.py); the two cells' compute ratio
+                  (training/compute.py). A comparison by or against a cell with a
                   degenerate run is marked not `valid`: it is no evidence either way
   ensembles       the grid's `ensembles`, built from the finished runs (ensemble.py, equal weights) and
                   written to WORKDIR/ensembles/<cell>-seed<k>/, are cells of their own in the table, the
@@ -18,8 +22,11 @@
                   the parsed labels of the prediction files; each run's task (classification,
                   regression, tagging) is its resolved spec's (grid.run_spec), never guessed from them
   costs           per cell: train steps, training examples seen and wall seconds (results.json)
-  paper layout    the paper's reported gain per cell (the grid's optional `paper_results`, "<cell name>:
-                  <gain in points>; ...") beside the measured gain and its bootstrap interval
+  compute         per cell, the mean over seeds of the totals training/compute.py's run_compute gives
+                  (none for runs whose record lacks its config)
+  paper layout    the paper's reported gain per comparison (the grid's optional `paper_results`,
+                  "<cell> vs <cell>: <gain in points> (note); ...") beside the measured gain and its
+                  t-interval, dev and test
   boundaries      per cell and frozen-backbone phase, what its end recorded: head parameter norm, dev
                   ECE, train/dev gap (mean and std over seeds)
   figures         figures/metric_by_cell.png (means with intervals), figures/dev_curves.png (dev metric
@@ -49,11 +56,11 @@ from stackft_jax.config import phases
 from stackft_jax.data.task_spec import TaskSpec
 from stackft_jax.experiments import ensembling, figures, markdown
 from stackft_jax.experiments import statistics as array_statistics
-from stackft_jax.experiments.cells import Run, baseline_of, ensembles_of, paper_results, runs_of
+from stackft_jax.experiments.cells import Run, comparisons_of, ensembles_of, paper_results, runs_of
 from stackft_jax.experiments.grid import REUSED_FROM, check_ensembles, run_spec
 from stackft_jax.models import objectives
 from stackft_jax.runtime.cli_errors import ConfigError
-from stackft_jax.training import degenerate, prediction_files
+from stackft_jax.training import compute, degenerate, prediction_files
 from stackft_jax.training.run_report import json_safe
 
 ASO_ITERATIONS = 1000  # deepsig's default; each costs a few ms
@@ -318,79 +325,161 @@ def _paired_counts(
     return np.stack(cell_counts), np.stack(baseline_counts), metric_of_totals
 
 
-def _bootstrap(ours: list[RunResult], theirs: list[RunResult], split: str, metric: str) -> dict | None:
+def _bootstrap(
+    ours: list[RunResult], theirs: list[RunResult], split: str, metric: str, samples: int
+) -> dict | None:
     paired = _paired_counts(ours, theirs, split, metric)
     if paired is None:
         return None
-    return array_statistics.two_level_bootstrap(*paired)
+    return array_statistics.two_level_bootstrap(*paired, samples=samples)
 
 
-def _seed_tests(ours: list[float], theirs: list[float], aso_iterations: int) -> dict[str, float | None]:
+def _seed_tests(ours: list[float], theirs: list[float], aso_iterations: int, margin: float) -> dict[str, Any]:
+    """The seed-level statistics of one comparison, all two-sided: the t-interval (primary) and its p,
+    Wilcoxon, the exact sign flip, TOST at `margin`, and ASO."""
     from deepsig import aso
 
     differences = [a - b for a, b in zip(ours, theirs, strict=True)]
-    tests: dict[str, float | None] = {f"{t}_p": None for t in TESTS} | {"aso_epsilon": None}
+    interval = array_statistics.t_interval(differences)
+    tests: dict[str, Any] = {f"{t}_p": None for t in TESTS} | {"aso_epsilon": None}
+    tests["t_interval"] = interval
+    tests["tost"] = array_statistics.tost(differences, margin)
     # Seed-level tests need pairs: one seed would give Wilcoxon p = 1 and ASO 0 (not evidence).
     if len(ours) < 2:
         return tests
-    if len(set(differences)) > 1:
-        tests["t_test_p"] = float(scipy.stats.ttest_rel(ours, theirs).pvalue)
+    tests["t_test_p"] = interval["p_value"]
     if any(differences):
         tests["wilcoxon_p"] = float(scipy.stats.wilcoxon(ours, theirs).pvalue)
-        tests["sign_flip_p"] = array_statistics.sign_flip_test(differences, "greater")
+        tests["sign_flip_p"] = array_statistics.sign_flip_test(differences, "two-sided")
     tests["aso_epsilon"] = float(
         aso(ours, theirs, seed=0, show_progress=False, num_bootstrap_iterations=aso_iterations)
     )
     return tests
 
 
+def _run_compute(r: RunResult, by_name: dict[str, RunResult]) -> dict[str, float] | None:
+    """What one run computed, as training/compute.py's run_compute reads it from the run's record: its
+    totals (`total.flops`, `total.examples_forward`, ...); an ensemble computes its members together.
+    None where it finds nothing."""
+    if "members" in r.results:
+        parts = [_run_compute(by_name[name], by_name) for name in r.results["members"]]
+        if not parts or None in parts:
+            return None
+        return {k: sum(part[k] for part in parts) for k in set.intersection(*(set(p) for p in parts))}
+    found = compute.run_compute(r.folder)
+    return None if found is None else _numeric_leaves({"total": found["total"]})
+
+
+def _numeric_leaves(tree: Any, prefix: str = "") -> dict[str, float]:
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _numeric_leaves(sub, f"{prefix}{key}.").items()}
+    if isinstance(tree, (int, float)) and not isinstance(tree, bool):
+        return {prefix[:-1]: float(tree)}
+    return {}
+
+
+def _mean_compute(runs: list[RunResult], by_name: dict[str, RunResult]) -> dict[str, float] | None:
+    computes = [_run_compute(r, by_name) for r in runs]
+    if not computes or None in computes:
+        return None
+    keys = sorted(set.intersection(*(set(c) for c in computes)))
+    return {k: statistics.mean(c[k] for c in computes) for k in keys}
+
+
+def compute_statistics(runs: list[RunResult], ensembles: list[RunResult]) -> list[dict[str, Any]]:
+    """Per cell, the mean over seeds of each total run_compute gives."""
+    by_name = {r.run.name: r for r in runs}
+    by_cell: dict[tuple, list[RunResult]] = collections.defaultdict(list)
+    for r in runs + ensembles:
+        by_cell[r.run.cell].append(r)
+    rows = []
+    for cell, members in by_cell.items():
+        mean = _mean_compute(members, by_name)
+        if mean is not None:
+            rows.append({"cell": dict(cell), "name": members[0].run.cell_name, "compute": mean})
+    return rows
+
+
+def _compute_ratio(
+    ours: list[RunResult], theirs: list[RunResult], by_name: dict[str, RunResult]
+) -> dict | None:
+    """Each compute measure of the cell over the other's (means over the paired seeds); None without."""
+    a, b = _mean_compute(ours, by_name), _mean_compute(theirs, by_name)
+    if a is None or b is None:
+        return None
+    return {k: a[k] / b[k] for k in sorted(a.keys() & b.keys()) if b[k]}
+
+
+def _split_statistics(
+    ours_runs: list[RunResult], theirs_runs: list[RunResult], split: str, grid: ml_collections.ConfigDict
+) -> dict[str, Any] | None:
+    """A comparison's per-seed differences on `split`, their t-interval and two-sided p; None when a
+    run of either side did not score it."""
+    scores = [
+        (a.score(split, grid.metric), b.score(split, grid.metric))
+        for a, b in zip(ours_runs, theirs_runs, strict=True)
+    ]
+    if not scores or any(a is None or b is None for a, b in scores):
+        return None
+    differences = [a - b for a, b in scores]
+    return {"per_seed": differences, "mean_difference": statistics.mean(differences),
+            "t_interval": array_statistics.t_interval(differences)}  # fmt: skip
+
+
 def comparisons(
     runs: list[RunResult], grid: ml_collections.ConfigDict, *, aso_iterations: int = ASO_ITERATIONS
 ) -> list[dict[str, Any]]:
-    """Every cell against the baseline cell with the same other axis values, paired by seed: the
-    reported metric's per-seed differences, seed-level tests, and a two-level bootstrap (dev; test when
-    both sides scored it). A comparison by or against a cell with a degenerate run is not `valid`."""
+    """The grid's comparisons (cells.comparisons_of: its `comparisons`, by default every cell against its
+    baseline cell), paired by seed: the reported metric's per-seed differences, the seed-level
+    t-interval and two-sided tests, TOST, a two-level bootstrap (dev; test when both sides scored it),
+    and the compute ratio where training/compute.py gives one. A comparison by or against a cell with
+    a degenerate run is not `valid`."""
     from statsmodels.stats.multitest import multipletests
 
-    key, base_value = baseline_of(grid)
+    samples = grid.get("bootstrap_samples", array_statistics.BOOTSTRAP_SAMPLES)
+    margin = grid.get("equivalence_margin", array_statistics.EQUIVALENCE_MARGIN)
     by_cell_seed = {(r.run.cell, r.run.seed): r for r in runs}
+    by_name = {r.run.name: r for r in runs}
     rows = []
-    for cell in dict.fromkeys(r.run.cell for r in runs):
-        values = dict(cell)
-        if values[key] == base_value:
-            continue
-        baseline_cell = tuple((k, base_value if k == key else v) for k, v in cell)
-        seeds = sorted(s for (c, s) in by_cell_seed if c == cell and (baseline_cell, s) in by_cell_seed)
+    for comparison in comparisons_of(grid):
+        cell, other = comparison.cell, comparison.other
+        seeds = sorted(s for (c, s) in by_cell_seed if c == cell and (other, s) in by_cell_seed)
         # A seed whose metric is undefined on either side (F1 without gold positives) pairs nothing.
         seeds = [
             s
             for s in seeds
-            if None not in (by_cell_seed[c, s].score("dev", grid.metric) for c in (cell, baseline_cell))
+            if None not in (by_cell_seed[c, s].score("dev", grid.metric) for c in (cell, other))
         ]
         if not seeds:  # nothing to pair: the cell table shows its metric as undefined
             continue
         ours_runs = [by_cell_seed[cell, s] for s in seeds]
-        theirs_runs = [by_cell_seed[baseline_cell, s] for s in seeds]
+        theirs_runs = [by_cell_seed[other, s] for s in seeds]
         ours = [r.score("dev", grid.metric) for r in ours_runs]
         theirs = [r.score("dev", grid.metric) for r in theirs_runs]
         differences = [a - b for a, b in zip(ours, theirs, strict=True)]
         flagged = {"cell": _flag_counts(ours_runs, "dev"), "baseline": _flag_counts(theirs_runs, "dev")}
         row: dict[str, Any] = {
-            "cell": values,
-            "baseline": dict(baseline_cell),
+            "name": ours_runs[0].run.cell_name,
+            "versus": theirs_runs[0].run.cell_name,
+            "configured": comparison.configured,
+            "cell": dict(cell),
+            "baseline": dict(other),
             "seeds": seeds,
             "per_seed": differences,
             "mean_difference": statistics.mean(differences),
             "degenerate": flagged,
             "valid": not flagged["cell"] and not flagged["baseline"],
-            **_seed_tests(ours, theirs, aso_iterations),
-            "bootstrap": _bootstrap(ours_runs, theirs_runs, "dev", grid.metric),
+            **_seed_tests(ours, theirs, aso_iterations, margin),
+            "bootstrap": _bootstrap(ours_runs, theirs_runs, "dev", grid.metric, samples),
         }
-        test_scores = [(a.score("test", grid.metric), b.score("test", grid.metric))
-                       for a, b in zip(ours_runs, theirs_runs, strict=True)]  # fmt: skip
-        if seeds and all(a is not None and b is not None for a, b in test_scores):
-            row["test_mean_difference"] = statistics.mean(a - b for a, b in test_scores)
-            row["test_bootstrap"] = _bootstrap(ours_runs, theirs_runs, "test", grid.metric)
+        test = _split_statistics(ours_runs, theirs_runs, "test", grid)
+        if test is not None:
+            row["test"] = test
+            row["test_mean_difference"] = test["mean_difference"]
+            row["test_bootstrap"] = _bootstrap(ours_runs, theirs_runs, "test", grid.metric, samples)
+        ratio = _compute_ratio(ours_runs, theirs_runs, by_name)
+        if ratio is not None:
+            row["compute_ratio"] = ratio
         rows.append(row)
     for test in TESTS:
         tested = [row for row in rows if row[f"{test}_p"] is not None]
@@ -456,7 +545,14 @@ def build_report(
         "final_params": sorted({r.results.get("final_params", "last").split(" ")[0] for r in runs}),
         "cells": cell_statistics(runs + ensembles, grid.metric),
         "comparisons": comparisons(runs + ensembles, grid, aso_iterations=aso_iterations),
+        "statistics": {
+            "primary_interval": "seed-level paired t-interval, 95%, two-sided (scipy.stats.ttest_1samp)",
+            "tests": "all two-sided",
+            "bootstrap_samples": grid.get("bootstrap_samples", array_statistics.BOOTSTRAP_SAMPLES),
+            "equivalence_margin": grid.get("equivalence_margin", array_statistics.EQUIVALENCE_MARGIN),
+        },
         "costs": cost_statistics(runs, ensembles),
+        "compute": compute_statistics(runs, ensembles),
         "paper_results": paper_results(grid),
         "boundaries": boundary_statistics(runs, grid.metric, floor),
         "objective": runs[0].task.objective.name,

@@ -9,11 +9,11 @@ from typing import Any
 import ml_collections
 
 from stackft_jax.experiments import statistics as array_statistics
-from stackft_jax.experiments.cells import Run
 from stackft_jax.models import objectives
 from stackft_jax.training import degenerate
 
 TESTS = array_statistics.SEED_TESTS
+ALPHA = 0.05
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:
@@ -25,10 +25,23 @@ def _flags_text(flagged: dict[str, int], n: int) -> str:
 
 
 def _interval_text(boot: dict[str, float] | None, *, with_p: bool = True) -> str:
+    """A bootstrap's difference [95% percentile interval] ±MC error, and its p."""
     if boot is None:
         return "-"
     text = f"{100 * boot['difference']:+.2f} [{100 * boot['ci95_low']:+.2f}, {100 * boot['ci95_high']:+.2f}]"
+    if "mc_error" in boot:
+        text += f" ±{100 * boot['mc_error']:.2f}"
     return f"{text}, {array_statistics.format_p(boot['p_value'], boot['samples'])}" if with_p else text
+
+
+def t_text(interval: dict[str, Any] | None) -> str:
+    """A t-interval: mean [95% t-interval] in points x100 (the report's primary interval)."""
+    if interval is None:
+        return "-"
+    mean = f"{100 * interval['mean']:+.2f}"
+    if interval["ci_low"] is None:
+        return f"{mean} [-]"
+    return f"{mean} [{100 * interval['ci_low']:+.2f}, {100 * interval['ci_high']:+.2f}]"
 
 
 def _p_text(row: dict[str, Any], test: str) -> str:
@@ -38,11 +51,20 @@ def _p_text(row: dict[str, Any], test: str) -> str:
     return text if row["can_reach_alpha"][test] else f"{text} †"
 
 
+def _tost_text(tost: dict[str, Any]) -> str:
+    if tost["p_value"] is None:
+        return "-"
+    verdict = "equivalent" if tost["equivalent"] else "not shown"
+    return f"{tost['p_value']:.3f} ({verdict})"
+
+
 def _cell_lines(metric: str, report: dict[str, Any]) -> list[str]:
+    compute = {row["name"]: row["compute"] for row in report.get("compute", [])}
+    measures = sorted({k for c in compute.values() for k in c})
     lines = [
         f"| cell | dev {metric} mean ± std | 95% CI | min | max | seeds | test {metric} mean ± std "
-        "| degenerate runs |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| test 95% CI | degenerate runs |" + "".join(f" compute: {m} |" for m in measures),
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |" + " --- |" * len(measures),
     ]
     for c in report["cells"]:
         dev, test = c.get("dev"), c.get("test")
@@ -51,14 +73,44 @@ def _cell_lines(metric: str, report: dict[str, Any]) -> list[str]:
             for split, flagged in c.get("degenerate", {}).items()
         )
         test_text = f"{_fmt(test['mean'])} ± {_fmt(test['std'])}" if test else "-"
+        test_ci = f"[{_fmt(test['ci95_low'])}, {_fmt(test['ci95_high'])}]" if test else "-"
+        cell_compute = compute.get(c["name"], {})
+        compute_text = "".join(f" {cell_compute[m]:.4g} |" if m in cell_compute else " - |" for m in measures)
         if dev is None:
-            lines.append(f"| {c['name']} | undefined | - | - | - | 0 | {test_text} | {flags} |")
+            lines.append(
+                f"| {c['name']} | undefined | - | - | - | 0 | {test_text} | {test_ci} | {flags} |"
+                + compute_text
+            )
             continue
         lines.append(
             f"| {c['name']} | {_fmt(dev['mean'])} ± {_fmt(dev['std'])} | [{_fmt(dev['ci95_low'])}, "
             f"{_fmt(dev['ci95_high'])}] | {_fmt(dev['min'])} | {_fmt(dev['max'])} | {dev['n']} | "
-            f"{test_text} | {flags} |"
+            f"{test_text} | {test_ci} | {flags} |{compute_text}"
         )
+    if not measures:
+        lines += ["", "Compute per cell: not shown (a run without a record of what it computed)."]
+    return lines
+
+
+def _ratio_text(row: dict[str, Any]) -> str:
+    ratio = row.get("compute_ratio")
+    if not ratio:
+        return "-"
+    return ", ".join(f"{k} x{v:.2f}" for k, v in ratio.items())
+
+
+def _unreachable_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """What the exact tests cannot show at the table's seed counts: their smallest two-sided p."""
+    counts = sorted({len(row["seeds"]) for row in rows})
+    lines = []
+    for n in counts:
+        smallest = array_statistics.smallest_p("sign_flip", n)
+        if smallest > ALPHA:
+            lines.append(
+                f"At {n} seeds the exact two-sided sign-flip and Wilcoxon tests cannot reach {ALPHA}: their "
+                f"smallest attainable p is 2/2^{n} = {smallest:.4f}, whatever the differences; the t-test "
+                "(continuous) can."
+            )
     return lines
 
 
@@ -66,72 +118,91 @@ def _comparison_lines(grid: ml_collections.ConfigDict, report: dict[str, Any]) -
     rows = report["comparisons"]
     family = {test: sum(row[f"{test}_p"] is not None for row in rows) for test in TESTS}
     samples = next((row["bootstrap"]["samples"] for row in rows if row["bootstrap"]), None)
+    margin = report["statistics"]["equivalence_margin"]
     tagging = report["objective"] == objectives.WORD_TAGGING.name
     entity_counts = " (from per-sentence entity counts)" if tagging and grid.metric != "accuracy" else ""
     lines = [
-        f"Paired by seed against the baseline (`{grid.baseline}`, same other axis values); differences in "
-        f"{grid.metric} points x100, dev unless named test. **valid**: `no` when a run of either cell is "
-        "degenerate on dev (its flags are in the cell table): that difference is struck through and is not "
-        "a result, whatever its sign.",
+        f"Comparisons (grid key `comparisons`: `{grid.get('comparisons', 'baseline')}`; `baseline`: every "
+        f"cell against the `{grid.baseline}` cell with the same other axis values), paired by seed; "
+        f"differences in {grid.metric} points x100, cell minus `vs`. **valid**: `no` when a run of either "
+        "cell is degenerate on dev (its flags are in the cell table): that difference is struck through and "
+        "is not a result, whatever its sign.",
         "",
-        "Seed-level tests, each Holm-corrected within its own family, the comparisons of this table that "
-        f"have it (t-test {family['t_test']}, Wilcoxon {family['wilcoxon']}, sign flip "
-        f"{family['sign_flip']}), shown as `raw (Holm)`: paired t-test; Wilcoxon signed-rank (two-sided, "
-        "exact); exact sign-flip permutation test over seeds (one-sided: the cell better than the "
-        "baseline). Smallest attainable p at n seeds: t-test 0 (continuous), Wilcoxon 2/2^n (0.0625 at 5), "
-        "sign flip 1/2^n (0.031 at 5), bootstrap 1/B; after Holm over m tests, a test can reach 0.05 only "
-        "if its smallest p x m <= 0.05: † marks a p that cannot, at that row's seed count. ASO epsilon < "
+        "**Primary interval: the seed-level paired t-interval** (mean of the per-seed differences [95% "
+        "t-interval, n-1 degrees of freedom], scipy.stats), on dev and, where the runs scored it, on test "
+        "(nothing is selected on test). Every test is two-sided. Seed-level tests, each Holm-corrected "
+        f"within its own family, the comparisons of this table that have it (t-test {family['t_test']}, "
+        f"Wilcoxon {family['wilcoxon']}, sign flip {family['sign_flip']}), shown as `raw (Holm)`: paired "
+        "t-test; Wilcoxon signed-rank (exact); exact sign-flip permutation test over seeds. Smallest "
+        "attainable p at n seeds: t-test 0 (continuous), Wilcoxon and sign flip 2/2^n (0.0625 at 5, 0.25 "
+        "at 3), bootstrap 1/B; after Holm over m tests, a test can reach 0.05 only if its smallest p x m "
+        "<= 0.05: † marks a p that cannot, at that row's seed count. TOST: two one-sided t-tests that the "
+        f"difference lies within ±{100 * margin:.2f} points (grid key `equivalence_margin`); `equivalent` "
+        "only at p < 0.05; a non-significant difference is not evidence of no difference. ASO epsilon < "
         "0.5: the cell is better (deepsig, no p).",
         "",
-        f"Bootstrap: two-level, {samples or '-'} resamples of the seeds and then, within each resampled "
-        f"seed, of its examples (the same examples for both runs of the pair), recomputing the reported "
-        f"{grid.metric} on each resample{entity_counts}; the 95% interval covers seed-to-seed and example "
-        "variance; p two-sided, not Holm-corrected, `< 1/B` when no resample reached 0.",
+        f"Bootstrap (second interval): two-level, {samples or '-'} resamples of the seeds and then, within "
+        "each resampled seed, of its examples (the same examples for both runs of the pair), recomputing "
+        f"the reported {grid.metric} on each resample{entity_counts}; percentile 95% interval, `±` its "
+        "endpoints' Monte-Carlo standard error; p two-sided, not Holm-corrected, `< 1/B` when no resample "
+        "reached 0. With 3-5 seeds a percentile bootstrap over seeds covers less than its nominal 95%: "
+        "read the t-interval first.",
         "",
-        "| cell | vs | valid | mean diff | per seed | test mean diff | t-test p | Wilcoxon p | sign-flip p "
-        "| ASO eps | bootstrap diff [95% CI], p | test bootstrap |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| cell | vs | valid | per seed | dev mean [95% t-interval] | t-test p | Wilcoxon p | sign-flip p "
+        "| TOST p | ASO eps | bootstrap diff [95% CI] ±MC, p | test mean [95% t-interval], t-test p "
+        "| test bootstrap | compute ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
-        cell, versus = (Run(tuple(row[k].items()), 0).cell_name for k in ("cell", "baseline"))
         per_seed = ", ".join(f"{100 * d:+.2f}" for d in row["per_seed"])
         n = len(row["seeds"])
-        mean = f"{100 * row['mean_difference']:+.2f}"
+        mean = t_text(row["t_interval"])
         valid = "yes"
         if not row["valid"]:
             mean = f"~~{mean}~~"
             valid = "no: " + "; ".join(
                 f"{side} {_flags_text(flagged, n)}" for side, flagged in row["degenerate"].items() if flagged
             )
-        test_mean = row.get("test_mean_difference")
+        test = row.get("test")
+        test_text = "-"
+        if test is not None:
+            p = test["t_interval"]["p_value"]
+            test_text = f"{t_text(test['t_interval'])}, {'-' if p is None else f'{p:.3f}'}"
         lines.append(
-            f"| {cell} | {versus} | {valid} | {mean} | {per_seed} | "
-            f"{'-' if test_mean is None else f'{100 * test_mean:+.2f}'} | "
+            f"| {row['name']} | {row['versus']} | {valid} | {per_seed} | {mean} | "
             + " | ".join(_p_text(row, test) for test in TESTS)
-            + f" | {_fmt(row['aso_epsilon'], 3)} | {_interval_text(row['bootstrap'])} | "
-            f"{_interval_text(row.get('test_bootstrap'))} |"
+            + f" | {_tost_text(row['tost'])} | {_fmt(row['aso_epsilon'], 3)} | "
+            f"{_interval_text(row['bootstrap'])} | {test_text} | "
+            f"{_interval_text(row.get('test_bootstrap'))} | {_ratio_text(row)} |"
         )
-    return lines
+    unreachable = _unreachable_lines(rows)
+    return lines + (["", *unreachable] if unreachable else [])
 
 
 def _paper_lines(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> list[str]:
     gains = report["paper_results"]
     lines = [
-        "Paper layout: the gain over the baseline that the paper reports for each cell (grid key "
-        "`paper_results`, its source in the grid config; `not found`: no per-cell value was found) beside "
-        f"the measured gain in {grid.metric} points x100 (mean over seeds [two-level bootstrap 95% CI]).",
+        "Paper layout: the gain that the paper reports for each comparison (grid key `paper_results`, its "
+        "source in the grid config; `not found`: the paper gives no number for it) beside the measured "
+        f"gain in {grid.metric} points x100, mean over seeds [95% seed-level t-interval]. The paper's own "
+        "contrasts (`comparisons` named in the grid config) come first.",
         "",
-        "| cell | vs | paper gain | measured gain, dev [95% CI] | measured gain, test [95% CI] | valid |",
+        "| cell | vs | paper gain | measured gain, dev [95% t-interval] | measured gain, test [95% "
+        "t-interval] | valid |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    for row in report["comparisons"]:
-        cell, versus = (Run(tuple(row[k].items()), 0).cell_name for k in ("cell", "baseline"))
-        paper = f"{gains[cell]:+.2f}" if cell in gains else "not found"
-        dev = _interval_text(row["bootstrap"], with_p=False)
-        if row["bootstrap"] is None:
-            dev = f"{100 * row['mean_difference']:+.2f}"
-        test = _interval_text(row.get("test_bootstrap"), with_p=False)
-        lines.append(f"| {cell} | {versus} | {paper} | {dev} | {test} | {'yes' if row['valid'] else 'no'} |")
+    rows = sorted(report["comparisons"], key=lambda row: not row["configured"])
+    for row in rows:
+        paper = gains.get(f"{row['name']} vs {row['versus']}")
+        paper_text = "not found"
+        if paper is not None:
+            paper_text = f"{paper['gain']:+.2f}" + (f" ({paper['note']})" if paper["note"] else "")
+        test = row.get("test")
+        test_text = "-" if test is None else t_text(test["t_interval"])
+        lines.append(
+            f"| {row['name']} | {row['versus']} | {paper_text} | {t_text(row['t_interval'])} | {test_text} | "
+            f"{'yes' if row['valid'] else 'no'} |"
+        )
     return lines
 
 

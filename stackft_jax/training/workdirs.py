@@ -119,13 +119,15 @@ class Binding:
 
 
 RUN = Binding("a run", CONFIG_FILE, HISTORY_FILE, RESULT_NEUTRAL_KEYS, PROGRESS)
-# A grid's cells are runs; its report, ensembles and paper figures come from them. `paper_results`
-# only labels the report.
+# A grid's cells are runs; its report, ensembles and paper figures come from them. These keys only shape
+# the report (which rows, the paper's figures, the statistics' settings): changing them on a grid workdir
+# rewrites the report and retrains nothing.
+GRID_REPORT_ONLY_KEYS = ("paper_results", "comparisons", "equivalence_margin", "bootstrap_samples")
 GRID = Binding(
     "a grid",
     "grid_config.json",
     "grid_config_history.jsonl",
-    frozenset({"grid.paper_results"}),
+    frozenset(f"grid.{key}" for key in GRID_REPORT_ONLY_KEYS),
     ("runs", "ensembles", "report.json", "report.md"),
 )
 
