@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from stackft_jax import trained
+from stackft_jax import trained, workdirs
 from stackft_jax.cli_errors import UsageError, refuse_to_replace
 
 TASK_MODEL_DIR = "transformers_task_model"
@@ -252,7 +252,14 @@ def export(source: trained.Source, out: str | Path, *, overwrite: bool = False) 
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out={out} is a file: an export is a folder")
+    workdirs.refuse_run_target("out", out)
     refuse_to_replace("out", out, overwrite=overwrite)
+    if out.is_dir() and any(out.iterdir()) and not (out / trained.HEAD_CONFIG).is_file():
+        # --overwrite replaces an earlier export, never a folder of something else.
+        raise UsageError(
+            f"--out={out} holds files that are no export (no {trained.HEAD_CONFIG}); --overwrite "
+            "replaces only an earlier export: choose a new folder"
+        )
     loaded = source.load()
     if jax.process_index() != 0:
         return None

@@ -51,7 +51,24 @@ def _check_target(flag: str, path: str | None) -> None:
     if path and path != STDIN:
         if Path(path).is_dir():
             raise UsageError(f"--{flag}={path} is a folder: name a file")
+        from stackft_jax import workdirs
+
+        workdirs.refuse_run_target(flag, path)  # a run's predictions feed its ensembles and reports
         cli_errors.refuse_to_replace(flag, path, overwrite=FLAGS.overwrite)
+
+
+def _check_distinct_files() -> None:
+    """--input, --output and --scores name three different files: one written over another loses it."""
+    named = [
+        (f, p) for f, p in (("input", FLAGS.input), ("output", FLAGS.output), ("scores", FLAGS.scores)) if p
+    ]
+    seen: dict[Path, str] = {}
+    for flag, path in named:
+        if path == STDIN:
+            continue
+        first = seen.setdefault(Path(path).expanduser().resolve(), flag)
+        if first != flag:
+            raise UsageError(f"--{first} and --{flag} name one file ({path}): name another file for --{flag}")
 
 
 def _open_source():
@@ -79,6 +96,7 @@ def main(argv: list[str]) -> None:
     logs.setup()
     xla_flags.apply_cpu_defaults()  # before JAX starts a backend
     # Every refusal comes before the model is built.
+    _check_distinct_files()
     source = _open_source()
     _check_target("output", FLAGS.output)
     _check_target("scores", FLAGS.scores)

@@ -34,6 +34,7 @@ from stackft_jax.spec import RunSpec
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
+DATA_FILE = "data_files.json"
 HISTORY_FILE = "config_history.jsonl"
 # Keys of the record that change how a run is watched or stored, never what it computes: they may
 # differ on a rerun.
@@ -104,6 +105,46 @@ PROGRESS = ("checkpoints", "metrics.jsonl", "results.json", "predictions", "feat
 
 def holds_progress(workdir: Path) -> bool:
     return any((workdir / name).exists() for name in PROGRESS)
+
+
+def _is_run_workdir(folder: Path) -> bool:
+    """A run's workdir: its binding (config.json holding `config` and `global_batch_size`, which an
+    encoder's config.json never has), or its fingerprints, or a results.json holding its config."""
+    if (folder / DATA_FILE).is_file():
+        return True
+    for name, keys in (
+        (CONFIG_FILE, ("config", "global_batch_size")),
+        ("results.json", ("config", "phases")),
+    ):
+        try:
+            record = json.loads((folder / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and all(key in record for key in keys):
+            return True
+    return False
+
+
+def run_holding(path: str | Path) -> Path | None:
+    """The run workdir that `path` is or lies inside (None: none): what export, predict and ensemble
+    must never write into, whatever --overwrite says, since a run's files are read by its resume,
+    ensembles and grid reports."""
+    target = Path(path).expanduser().resolve()
+    for folder in (target, *target.parents):
+        if folder.is_dir() and _is_run_workdir(folder):
+            return folder
+    return None
+
+
+def refuse_run_target(flag: str, path: str | Path) -> None:
+    """Refuses `--flag=path` inside a run's workdir (UsageError naming the run)."""
+    run = run_holding(path)
+    if run is not None:
+        where = "is" if run == Path(path).expanduser().resolve() else "is inside"
+        raise cli_errors.UsageError(
+            f"--{flag}={path} {where} the workdir of the run {run}; a command never writes into a run's "
+            "folder (even with --overwrite): choose a path outside it"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,9 +246,6 @@ def set_aside_progress(workdir: Path, reason: str) -> Path | None:
         "%s: %s; the earlier run's progress is moved to %s and this one starts over", workdir, reason, target
     )
     return target
-
-
-DATA_FILE = "data_files.json"
 
 
 def _fingerprint(path: Path, recorded: Mapping[str, Any] | None) -> dict[str, Any]:

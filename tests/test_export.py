@@ -214,3 +214,30 @@ def test_minilm_run_exports_to_transformers(run_cli, tmp_path):
     out = tmp_path / "export"
     assert _cli("export", f"--workdir={tmp_path / 'run'}", f"--out={out}").returncode == 0
     _check_encoder(out, trained.open_workdir(tmp_path / "run"))
+
+
+def test_export_never_replaces_a_run_or_a_folder_it_did_not_write(uninterrupted, tmp_path):
+    before = {
+        p: p.read_bytes() for p in sorted(uninterrupted.rglob("*")) if p.is_file() and "locks" not in p.parts
+    }
+    run = uninterrupted.resolve()
+    for out in (uninterrupted, uninterrupted / "predictions", uninterrupted / "new"):
+        where = "is" if out == uninterrupted else "is inside"
+        refused = _cli("export", f"--workdir={uninterrupted}", f"--out={out}", "--overwrite")
+        assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+            f"error: --out={out} {where} the workdir of the run {run}; a command never writes into a "
+            "run's folder (even with --overwrite): choose a path outside it"
+        ]
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "mine.txt").write_text("mine")
+    refused = _cli("export", f"--workdir={uninterrupted}", f"--out={notes}", "--overwrite")
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        f"error: --out={notes} holds files that are no export (no head_config.json); --overwrite "
+        "replaces only an earlier export: choose a new folder"
+    ]
+    assert (notes / "mine.txt").read_text() == "mine"
+    after = {
+        p: p.read_bytes() for p in sorted(uninterrupted.rglob("*")) if p.is_file() and "locks" not in p.parts
+    }
+    assert after == before and not (uninterrupted / "new").exists()

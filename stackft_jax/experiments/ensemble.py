@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from stackft_jax import cli_errors, metrics, objectives, predictions, spec
+from stackft_jax import workdirs as workdirs_module  # `workdirs` names the runs here
 
 WEIGHT_RULES = ("equal", "dev")
 GRID_STEPS = 10  # dev weights are multiples of 1 / GRID_STEPS
@@ -109,6 +110,7 @@ def check_out(out: str | Path, workdirs: Sequence[str | Path]) -> None:
     members = {Path(w).resolve() for w in workdirs}
     if out.resolve() in members:
         raise EnsembleError(f"--out={out} is one of the --workdirs; choose a new folder for the ensemble")
+    workdirs_module.refuse_run_target("out", out)
     if not out.exists():
         return
     if not out.is_dir():
