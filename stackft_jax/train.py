@@ -122,9 +122,10 @@ def _set_up(
 ) -> tuple[loop.Context, Any, list[phases.Phase]]:
     """What every phase shares, the model's initial parameters and the phase plan (every phase's rules
     checked against the parameters before the first one trains)."""
-    model_dir, _ = build.resolve_encoder(run_spec)
+    model_dir, encoder = build.resolve_encoder(run_spec)
     with timer.phase("data"):
         datasets = _load_datasets(run_spec, tokenization.load_tokenizer(model_dir))
+    tokenization.check_ids_fit(model_dir, encoder.vocab_size, {k: d.arrays for k, d in datasets.items()})
     with timer.phase("model_load"):
         graphdef, params, bert_config = build.initial_model(run_spec, model_dir, mesh)
 
