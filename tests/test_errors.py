@@ -178,7 +178,7 @@ def test_a_data_file_changed_after_a_run_is_refused_naming_it(tmp_path):
     workdir = tmp_path / "run"
     train.run(config, workdir)
     recorded = json.loads((workdir / workdirs.DATA_FILE).read_text())
-    assert set(recorded) == {"data.train_file", "data.dev_file"}
+    assert set(recorded) == {"data.train_file", "data.dev_file", workdirs.TOKENIZER_KEY}
     results = (workdir / "results.json").read_text()
     lines = dev_file.read_text().splitlines(keepends=True)
     dev_file.write_text("".join(lines[:-1]))  # one example fewer, edited in place
@@ -186,15 +186,55 @@ def test_a_data_file_changed_after_a_run_is_refused_naming_it(tmp_path):
         train.run(config, workdir)
     assert str(refused.value).startswith(f"config.data.dev_file = '{dev_file}' changed since this workdir's")
     assert (workdir / "results.json").read_text() == results  # nothing rewritten
-    # On purpose: the new content is recorded.
+    # On purpose: the new content is recorded, and the old run's progress is set aside (not mixed).
     train.run(config, workdir, allow_config_change=True)
     assert (
         json.loads((workdir / workdirs.DATA_FILE).read_text())["data.dev_file"]["bytes"]
         == dev_file.stat().st_size
     )
+    (aside,) = workdir.glob("replaced-*")
+    assert (aside / "results.json").read_text() == results
+    history = [json.loads(line) for line in (workdir / workdirs.HISTORY_FILE).read_text().splitlines()]
+    assert history[-1][workdirs.DATA_FILE] == recorded
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert len([r for r in records if r.get("split") == "dev"]) == len(
+        [
+            r
+            for r in (json.loads(line) for line in (aside / "metrics.jsonl").read_text().splitlines())
+            if r.get("split") == "dev"
+        ]
+    )  # the new run's own evaluations only
 
 
-def test_another_strategy_on_purpose_starts_over_and_sets_the_old_run_aside(tmp_path):
+def test_tokenizer_files_changed_after_a_run_are_refused_naming_them(tmp_path):
+    from stackft_jax.models import bert
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(bert.resolve_model_dir("embedded:minilm"), model_dir)
+    config = tiny.get_config(f"{SHORT},model.name_or_path={model_dir}")
+    workdir = tmp_path / "run"
+    train.run(config, workdir)
+    # A run recorded before tokenizer fingerprints existed still resumes, and records one.
+    recorded = json.loads((workdir / workdirs.DATA_FILE).read_text())
+    tokenizer = recorded.pop(workdirs.TOKENIZER_KEY)
+    (workdir / workdirs.DATA_FILE).write_text(json.dumps(recorded))
+    train.run(config, workdir)
+    assert json.loads((workdir / workdirs.DATA_FILE).read_text())[workdirs.TOKENIZER_KEY] == tokenizer
+    results = (workdir / "results.json").read_text()
+    vocab = (model_dir / "vocab.txt").read_text().splitlines(keepends=True)
+    vocab[1000], vocab[1001] = vocab[1001], vocab[1000]  # two ids swapped
+    (model_dir / "vocab.txt").write_text("".join(vocab))
+    predictions = (workdir / "predictions" / "dev.jsonl").read_bytes()
+    with pytest.raises(workdirs.ConfigMismatch) as refused:
+        train.run(config, workdir)
+    assert str(refused.value).startswith(
+        f"the tokenizer files of {model_dir} (vocab.txt) changed since this workdir's run tokenized its data"
+    )
+    assert (workdir / "results.json").read_text() == results
+    assert (workdir / "predictions" / "dev.jsonl").read_bytes() == predictions
+
+
+def test_another_strategy_on_purpose_starts_over_and_sets_the_old_run_aside(tmp_path, caplog):
     workdir = tmp_path / "run"
     train.run(tiny.get_config(f"{SHORT},final_params=best"), workdir)
     old_best = sorted(p.name for p in (workdir / "checkpoints" / "best").iterdir())
@@ -206,6 +246,8 @@ def test_another_strategy_on_purpose_starts_over_and_sets_the_old_run_aside(tmp_
     )
     (aside,) = workdir.glob("replaced-*")
     assert sorted(p.name for p in (aside / "checkpoints" / "best").iterdir()) == old_best
+    # The warning names what the user changed, not the alphabetically first phase key it implies.
+    assert any("--allow_config_change changed config.strategy;" in r.getMessage() for r in caplog.records)
     assert [p["phase"] for p in results["phases"]] == ["finetune"]
     # Its best is its own: a global step of the new single phase, never the old run's phase 2.
     assert results["best"]["global_step"] <= results["train_steps"]
