@@ -16,6 +16,7 @@ differing keys or the file. A grid workdir is bound to its grid config the same 
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -259,11 +260,19 @@ def _fingerprint(path: Path, recorded: Mapping[str, Any] | None) -> dict[str, An
     stat = path.stat()
     if recorded and recorded.get("bytes") == stat.st_size and recorded.get("mtime_ns") == stat.st_mtime_ns:
         return dict(recorded)
+    digest = _sha256(str(path), stat.st_size, stat.st_mtime_ns)
+    return {"path": str(path), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest}
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    """Keyed by size and mtime too: a grid checks one file for each of its runs, hashing it once."""
+    del size, mtime_ns
     h = hashlib.sha256()
-    with path.open("rb") as f:
+    with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
-    return {"path": str(path), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": h.hexdigest()}
+    return h.hexdigest()
 
 
 TOKENIZER_KEY = "tokenizer"  # data_files.json's entry for the model folder's tokenizer files
@@ -322,6 +331,21 @@ def fingerprint_changes(recorded: Mapping[str, Any], current: Mapping[str, Any])
 def read_fingerprints(workdir: Path) -> dict[str, Any]:
     path = Path(workdir) / DATA_FILE
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+def input_changes(workdir: Path, run_spec: RunSpec) -> list[str]:
+    """How the data and tokenizer files `run_spec` names now differ from those the finished run in
+    `workdir` recorded (data_files.json); [] when they match or it recorded none. Reads only. A grid asks
+    this of every finished or reused run: results scored on other input must not be reported or copied
+    as this grid's."""
+    recorded = read_fingerprints(workdir)
+    folder = None
+    if TOKENIZER_KEY in recorded:  # runs recorded before tokenizer fingerprints never resolve the model
+        try:
+            folder = model_dir(run_spec)
+        except (OSError, ValueError):  # no such folder now: training would say so
+            folder = None
+    return fingerprint_changes(recorded, current_fingerprints(data_files(run_spec), folder, recorded))
 
 
 def bind_data(
