@@ -241,3 +241,18 @@ def test_export_never_replaces_a_run_or_a_folder_it_did_not_write(uninterrupted,
         p: p.read_bytes() for p in sorted(uninterrupted.rglob("*")) if p.is_file() and "locks" not in p.parts
     }
     assert after == before and not (uninterrupted / "new").exists()
+
+
+def test_an_exported_phase_carries_its_own_scores(uninterrupted, tmp_path):
+    results = json.loads((uninterrupted / "results.json").read_text())
+    phase1 = trained.open_workdir(uninterrupted, phase="phase1")
+    out = hf_export.export(phase1, tmp_path / "phase1")
+    record = json.loads((out / trained.HEAD_CONFIG).read_text())
+    own = {"dev": results["phases"][0]["boundary"]["dev"]}
+    assert record["final"] == record["run"]["final"] == own  # not the run's final (phase 2) scores
+    card = (out / "README.md").read_text()
+    assert "## Results (the end of phase1 (its boundary evaluation))" in card
+    assert f"accuracy {own['dev']['accuracy']:.4f}" in card
+    assert hf_export.exported_scores(trained.open_workdir(uninterrupted, params="best"), results)[0] == {
+        "dev": results["best"]["dev"]
+    }
