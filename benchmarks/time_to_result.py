@@ -26,6 +26,7 @@ at these lengths on XLA:CPU).
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -85,12 +86,15 @@ def case_args(name: str, args: argparse.Namespace) -> list[str]:
 
 
 def directory_bytes(path: Path) -> int:
+    """The bytes of the files under `path` as they are while a run writes it: os.walk skips a folder that
+    vanishes under it (orbax renames its temporary checkpoint folders), which Path.rglob raises on."""
     total = 0
-    for p in path.rglob("*"):
-        try:
-            total += p.stat().st_size if p.is_file() else 0
-        except FileNotFoundError:  # a checkpoint deleted or renamed while being counted
-            pass
+    for folder, _, files in os.walk(path, onerror=lambda _: None):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(folder, name), follow_symlinks=False).st_size
+            except FileNotFoundError:  # a checkpoint deleted or renamed while being counted
+                pass
     return total
 
 

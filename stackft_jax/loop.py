@@ -10,7 +10,6 @@ import dataclasses
 import functools
 import logging
 import os
-import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -591,8 +590,9 @@ def run_phase(
             checkpoints.close()
             bar.tqdm.close()  # before the message, so that it is the last line
             raise preemption.stopped(f"{phase.name} step {step}")
-        if preemption.kill_requested(phase.name, step):
-            os.kill(os.getpid(), signal.SIGKILL)
+        requested = preemption.signal_requested(phase.name, step)
+        if requested is not None:
+            os.kill(os.getpid(), requested)
     bar.tqdm.close()
     with ctx.timer.phase("checkpoint_writes"):  # waits for background writes
         checkpoints.close()

@@ -20,7 +20,8 @@ import jax
 from jax.experimental import multihost_utils
 
 # Test hook: "PHASE:STEP" makes the process SIGKILL itself right after that step, to prove that a run
-# killed at any moment resumes to the same result.
+# killed at any moment resumes to the same result; "PHASE:STEP:SIGINT" (or SIGTERM) sends itself that
+# signal instead, so a drill of Ctrl-C or preemption hits a chosen step however loaded the machine is.
 KILL_AT_ENV = "STACKFT_JAX_KILL_AT"
 
 
@@ -116,5 +117,9 @@ def stopped(where: str) -> Preempted:
     )
 
 
-def kill_requested(phase: str, step: int) -> bool:
-    return os.environ.get(KILL_AT_ENV, "") == f"{phase}:{step}"
+def signal_requested(phase: str, step: int) -> signal.Signals | None:
+    """The signal KILL_AT_ENV asks for right after `step` of `phase` (None: none)."""
+    where, _, name = os.environ.get(KILL_AT_ENV, "").partition(":SIG")
+    if where != f"{phase}:{step}":
+        return None
+    return signal.Signals[f"SIG{name}"] if name else signal.SIGKILL

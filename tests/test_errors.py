@@ -4,7 +4,6 @@ command did not create, no run counted twice (a grid or run workdir bound to its
 import errno
 import json
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from stackft_jax import cli_errors, config_cli, train, workdirs
 from stackft_jax.experiments import grid
 from tests.test_ensemble import _write_run
 from tests.test_experiment import _grid
-from tests.test_train import _assert_same_run, signal_after_the_first_checkpoint
+from tests.test_train import _assert_same_run
 
 REPO = Path(__file__).resolve().parent.parent
 SHORT = "phase1.num_steps=2,phase2.num_steps=2,eval_every_steps=2"
@@ -350,8 +349,10 @@ def test_ensemble_out_refuses_what_it_did_not_write(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_saves_and_says_how_to_resume(uninterrupted, tmp_path, run_cli):
-    proc = run_cli(tmp_path, wait=False)
-    out = signal_after_the_first_checkpoint(proc, tmp_path, signal.SIGINT)
+    # The run sends itself SIGINT after phase 1's step 2 (preemption.KILL_AT_ENV): the step it stops at
+    # does not depend on how loaded the machine is.
+    proc = run_cli(tmp_path, kill_at="phase1:2:SIGINT")
+    out = proc.stdout + proc.stderr
     assert proc.returncode == 130, out[-3000:]
     assert "Traceback" not in out
     assert out.strip().splitlines()[-1].startswith("Ctrl-C: checkpoint saved at phase")
