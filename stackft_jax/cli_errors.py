@@ -8,7 +8,7 @@ is printed, with a line saying so.
 Exit statuses (README, Troubleshooting):
     0    done
     1    data or model: a data file, model folder or checkpoint the run cannot use; a non-finite loss;
-         a full disk; a run stopped by SIGTERM (saved: rerun the same command to resume)
+         a full disk; a read-only folder; a run stopped by SIGTERM (saved: rerun the same command to resume)
     2    usage or config: a flag, config key or grid; a workdir bound to another config or data, or in
          use; an output folder the command did not create
     70   a bug in stackft_jax (the traceback is printed)
@@ -76,6 +76,8 @@ def exit_code_of(error: BaseException) -> int | None:
         return EXIT_DATA
     if _disk_full(error) is not None:
         return EXIT_DATA
+    if isinstance(error, PermissionError) or (isinstance(error, OSError) and error.errno == errno.EROFS):
+        return EXIT_DATA  # a read-only folder or file the command was pointed at
     return None
 
 
@@ -109,6 +111,8 @@ def message_of(error: BaseException) -> str:
         return f"the disk is full{where}; free space, then {RESUME_HINT}"
     if isinstance(error, FileNotFoundError) and error.filename:  # raised by the OS, not by a check
         return f"no such file or folder: {error.filename}"
+    if isinstance(error, OSError) and exit_code_of(error) == EXIT_DATA and error.filename:
+        return f"{error.filename}: {error.strerror} (check its permissions, or choose another path)"
     return str(error)
 
 

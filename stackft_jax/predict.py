@@ -91,6 +91,11 @@ def main(argv: list[str]) -> None:
         raise UsageError(f"unexpected arguments: {argv[1:]}")
     if not FLAGS.input or not FLAGS.output:
         raise UsageError("--input and --output are required (- for stdin / stdout)")
+    if FLAGS.per_device_batch_size is not None and FLAGS.per_device_batch_size < 1:
+        raise UsageError(
+            f"--per_device_batch_size={FLAGS.per_device_batch_size}: give a positive number of examples "
+            "(or leave it out for the run's eval batch)"
+        )
     from stackft_jax import logs, xla_flags
 
     logs.setup()

@@ -213,6 +213,18 @@ def _check_options(config: ml_collections.ConfigDict) -> None:
         )
     if config.seed < 0:
         raise ConfigError(f"config.seed={config.seed}: choose a seed of 0 or more")
+    if config.max_grad_norm < 0:  # 0 is the documented "off"; a negative norm would silently be off too
+        raise ConfigError(
+            f"config.max_grad_norm={config.max_grad_norm}: a norm of 0 or more (0 turns clipping off)"
+        )
+    # A rate of 1 or more drops every unit (flax raises on it at the first step; above 1 scales by a
+    # negative keep probability).
+    for key, rate in (
+        ("model.dropout_rate", config.model.dropout_rate),
+        ("head.dropout_rate", config.head.dropout_rate),
+    ):
+        if rate is not None and not 0 <= rate < 1:
+            raise ConfigError(f"config.{key}={rate}: a dropout rate is at least 0 and below 1")
     if config.max_seq_length < MIN_SEQ_LENGTH:
         raise ConfigError(
             f"config.max_seq_length={config.max_seq_length}: at least {MIN_SEQ_LENGTH} tokens, so that "

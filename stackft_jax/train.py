@@ -30,6 +30,7 @@ from stackft_jax import (
     timing,
     workdirs,
 )
+from stackft_jax.cli_errors import UsageError
 from stackft_jax.data import batching, task_spec, tokenization
 from stackft_jax.models import build
 from stackft_jax.report import RunReport
@@ -60,7 +61,11 @@ def run(
             "a workdir to a bucket with BACKUP_URL)"
         )
     workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    if workdir.exists() and not workdir.is_dir():
+        raise UsageError(f"--workdir={workdir} is a file: a workdir is a folder (give a new path)")
+    workdir.mkdir(parents=True, exist_ok=True)  # a read-only parent: one line (cli_errors, PermissionError)
+    if not os.access(workdir, os.W_OK):
+        raise UsageError(f"--workdir={workdir} is not writable: the run writes its checkpoints there")
     mesh = sharding.make_mesh()
     global_batch = sharding.global_batch_size(run_spec.per_device_batch_size, mesh)
     with workdirs.exclusive(workdir):

@@ -62,6 +62,26 @@ def test_boundary_maps_mistakes_to_documented_statuses(capsys):
     ]
 
 
+def test_a_folder_without_permission_is_one_line_naming_it(capsys):
+    denied = PermissionError(errno.EACCES, "Permission denied", "/w/run/locks")
+    assert _exit_of(denied, capsys) == (
+        1,
+        "error: /w/run/locks: Permission denied (check its permissions, or choose another path)\n",
+    )
+    read_only = OSError(errno.EROFS, "Read-only file system", "/w/out")
+    assert _exit_of(read_only, capsys)[0] == 1
+
+
+def test_a_workdir_that_is_a_file_is_a_usage_error(tmp_path):
+    workdir = tmp_path / "notes.txt"
+    workdir.write_text("mine")
+    with pytest.raises(
+        cli_errors.UsageError, match=rf"^--workdir={workdir} is a file: a workdir is a folder"
+    ):
+        train.run(tiny.get_config(), workdir)
+    assert workdir.read_text() == "mine"
+
+
 def test_a_closed_output_pipe_is_no_bug(capsys):
     """`python -m stackft_jax.experiment --status | head -1`: the reader left; no traceback, no message."""
     assert _exit_of(BrokenPipeError(errno.EPIPE, "Broken pipe"), capsys) == (1, "")
@@ -104,6 +124,9 @@ def test_a_missing_flag_is_one_line_with_status_2(tmp_path):
         ("max_seq_length=4", "config.max_seq_length=4: at least 8 tokens"),
         ("head.name=esmi", "config.head.name='esmi' is not a registered head; did you mean 'esim'?"),
         ("head.name=bilstm_crf", "config.head.name='bilstm_crf' is a word tagging head, and data.task='qqp'"),
+        ("max_grad_norm=-1", r"config.max_grad_norm=-1.0: a norm of 0 or more \(0 turns clipping off\)"),
+        ("model.dropout_rate=1.5", "config.model.dropout_rate=1.5: a dropout rate is at least 0 and below 1"),
+        ("head.dropout_rate=1.0", "config.head.dropout_rate=1.0: a dropout rate is at least 0 and below 1"),
     ],
 )
 def test_bad_run_keys_are_named_before_any_work(item, message, tmp_path):

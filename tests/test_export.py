@@ -256,3 +256,32 @@ def test_an_exported_phase_carries_its_own_scores(uninterrupted, tmp_path):
     assert hf_export.exported_scores(trained.open_workdir(uninterrupted, params="best"), results)[0] == {
         "dev": results["best"]["dev"]
     }
+
+
+def test_a_damaged_export_or_an_export_as_workdir_is_one_line(exported, tmp_path):
+    import shutil
+
+    from stackft_jax.cli_errors import DataError, UsageError
+
+    with pytest.raises(
+        UsageError, match=rf"^--workdir={exported} is an export, not a run's workdir: pass it as"
+    ):
+        trained.open_workdir(exported)
+    damaged = tmp_path / "damaged"
+    shutil.copytree(exported, damaged)
+    head = damaged / trained.HEAD_WEIGHTS
+    head.write_bytes(head.read_bytes()[: head.stat().st_size // 2])
+    with pytest.raises(DataError, match=rf"^{head}: cannot read the head's weights .* damaged or truncated"):
+        trained.open_export(damaged).load()
+    record = damaged / trained.HEAD_CONFIG
+    record.write_text(record.read_text()[:100])
+    with pytest.raises(DataError, match=rf"^{record}: not a readable export record .* damaged or truncated"):
+        trained.open_export(damaged)
+    for size in ("-3", "0"):
+        proc = _cli(
+            "predict", f"--model={exported}", "--input=-", "--output=-", f"--per_device_batch_size={size}"
+        )
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+            f"error: --per_device_batch_size={size}: give a positive number of examples (or leave it out for "
+            "the run's eval batch)"
+        ]
