@@ -61,6 +61,18 @@ def refuse_to_replace(flag: str, path: str | Path, *, overwrite: bool) -> None:
         raise UsageError(f"--{flag}={path} exists and is not empty: pass --overwrite to replace it")
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing with a mistyped or malformed flag as one `error:` line and exit 2 (absl's
+    own parser exits 1, the status of a data error)."""
+    from absl import flags
+
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as error:
+        print(f"error: {error} (--help lists the flags)", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
 def exit_code_of(error: BaseException) -> int | None:
     """The exit status of a user's mistake, or None for a bug."""
     from absl import app

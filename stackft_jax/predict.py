@@ -113,7 +113,9 @@ def main(argv: list[str]) -> None:
     print(f"{source.path}: {predictor.loaded.which} parameters, task {source.task.name}", file=sys.stderr)
     if examples is None:
         out = sys.stdout if FLAGS.output == STDIN else Path(FLAGS.output).open("w")
-        inference.stream(predictor, sys.stdin, lambda r: print(json.dumps(r), file=out, flush=True))
+        refused = inference.stream(predictor, sys.stdin, lambda r: print(json.dumps(r), file=out, flush=True))
+        if refused:  # a script piping lines in learns that some got no answer
+            raise cli_errors.DataError(f"{refused} input line(s) refused (above); the others were answered")
         return
     done = predictor.predict(examples)
     if FLAGS.output == STDIN:
@@ -131,4 +133,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=cli_errors.parse_flags)

@@ -113,6 +113,14 @@ def test_a_missing_flag_is_one_line_with_status_2(tmp_path):
     assert line == "error: --config=FILE.py is required (--help lists the flags)"
 
 
+@pytest.mark.parametrize("module", ["stackft_jax.main", "stackft_jax.predict", "stackft_jax.export"])
+def test_a_mistyped_flag_is_one_line_with_status_2(module, tmp_path):
+    line = _one_error_line(_cli(module, f"--wokdir={tmp_path}"), 2)
+    assert line.startswith("error: Unknown command line flag 'wokdir'") and line.endswith(
+        "(--help lists the flags)"
+    )
+
+
 # --- config keys ---------------------------------------------------------------------------------
 
 

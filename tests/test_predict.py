@@ -98,10 +98,13 @@ def test_stdin_is_answered_line_by_line(uninterrupted):
         capture_output=True,
         text=True,
     )
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # a line was refused: the status says so
     records = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [r["key"].split("-")[0] for r in records] == ["line1", "line3"]
     assert "<stdin>:2: task 'qqp' takes a text pair" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: 1 input line(s) refused (above); the others were answered"
+    )
 
 
 def test_params_and_phases(uninterrupted):
