@@ -21,7 +21,7 @@ import ml_collections
 
 from stackft_jax import config_cli, phases
 from stackft_jax.config_cli import ConfigError
-from stackft_jax.data import tasks
+from stackft_jax.data import task_spec, tasks
 from stackft_jax.data.task_spec import TaskSpec
 from stackft_jax.models import heads
 from stackft_jax.objectives import CLASSIFICATION
@@ -243,6 +243,14 @@ def _task(config: ml_collections.ConfigDict) -> TaskSpec:
         task = tasks.get_task(config.data.task)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    for key, default in task_spec.TASK_DATA_KEYS.items():
+        value = config.data.get(key, default)
+        if key not in task.data_keys and value != default:
+            readers = sorted(name for name, t in tasks.TASKS.items() if key in t.data_keys)
+            raise ConfigError(
+                f"config.data.{key}={value!r}: data.task={config.data.task!r} does not read it (only "
+                f"{', '.join(readers)} do{'es' if len(readers) == 1 else ''}); remove it"
+            )
     task = task.configure(config.data)  # the task's own data.* keys
     if config.calibration.temperature and task.objective is not CLASSIFICATION:
         raise ConfigError(

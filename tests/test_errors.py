@@ -135,6 +135,11 @@ def test_a_mistyped_flag_is_one_line_with_status_2(module, tmp_path):
         ("max_grad_norm=-1", r"config.max_grad_norm=-1.0: a norm of 0 or more \(0 turns clipping off\)"),
         ("model.dropout_rate=1.5", "config.model.dropout_rate=1.5: a dropout rate is at least 0 and below 1"),
         ("head.dropout_rate=1.0", "config.head.dropout_rate=1.0: a dropout rate is at least 0 and below 1"),
+        (
+            "data.classes=health+sports",
+            r"config.data.classes='health\+sports': data.task='qqp' does not read it",
+        ),
+        ("data.truncation=head_tail", "config.data.truncation='head_tail': data.task='qqp' does not read it"),
     ],
 )
 def test_bad_run_keys_are_named_before_any_work(item, message, tmp_path):

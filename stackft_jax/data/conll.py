@@ -176,6 +176,7 @@ class ConllTask(TaskSpec):
     # Entity F1 first: it picks the best checkpoint. `accuracy` (per word) is the paper's measure and
     # what phase 1's train/dev gap compares.
     metrics: tuple[str, ...] = ("f1", "precision", "recall", "accuracy")
+    data_keys: tuple[str, ...] = ("document_context",)
 
     @property
     def gap_metric(self) -> str:
