@@ -52,6 +52,7 @@ def exported(uninterrupted, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("exports") / "tiny"
     proc = _cli("export", f"--workdir={uninterrupted}", f"--out={out}")
     assert proc.returncode == 0, proc.stderr
+    assert not [line for line in proc.stderr.splitlines() if " WARNING " in line or "Metadata" in line]
     return out
 
 

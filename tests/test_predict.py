@@ -54,6 +54,8 @@ def test_predict_on_the_dev_file_reproduces_the_runs_predictions_byte_for_byte(u
     assert predicted["accuracy"] == run_scores["accuracy"] and predicted["f1"] == run_scores["f1"]
     assert "accuracy=" in proc.stderr
     assert _snapshot(uninterrupted) == before  # the workdir is read, never written
+    # A healthy run restores without warnings (orbax's "Metadata file does not exist" for an item).
+    assert not [line for line in proc.stderr.splitlines() if " WARNING " in line or "Metadata" in line]
 
 
 @pytest.mark.slow
