@@ -110,6 +110,11 @@ def _disk_full(error: BaseException) -> str | None:
     return None
 
 
+def disk_full(error: BaseException) -> bool:
+    """Whether `error` (or what caused it) is a full disk."""
+    return _disk_full(error) is not None
+
+
 def message_of(error: BaseException) -> str:
     from absl import app
 

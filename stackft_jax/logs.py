@@ -56,8 +56,17 @@ def _install_orphan_filters() -> None:
 
 def _not_a_relayed_orbax_error(record: logging.LogRecord) -> bool:
     """Orbax logs a background write's exception, traceback and all, and raises it again in the thread
-    that waits for the write, where the command's boundary reports it: the log is a duplicate."""
-    return not ("orbax" in record.pathname and "raised an exception" in record.getMessage())
+    that waits for the write, where the command's boundary reports it: the log is a duplicate. So are
+    its logs of a full disk under async checkpointing ("Failed to run ... Commit operations", "Save
+    Finalize thread ... failed", each with the tensorstore traceback): the boundary's one line says it."""
+    from stackft_jax import cli_errors
+
+    if "orbax" not in record.pathname:
+        return True
+    if "raised an exception" in record.getMessage():
+        return False
+    error = record.exc_info[1] if record.exc_info else None
+    return error is None or not cli_errors.disk_full(error)
 
 
 def _not_an_item_without_metadata(record: logging.LogRecord) -> bool:

@@ -101,6 +101,27 @@ def test_a_full_disk_under_orbax_is_one_line(capsys):
     )
 
 
+def test_orbax_logs_of_a_full_disk_are_left_to_the_one_line(tmp_path):
+    """Under async checkpointing a full disk (measured on a 3 MB tmpfs) made orbax log two ERROR lines
+    with tensorstore's traceback (225 lines) before the boundary's one line; those logs are dropped."""
+    import logging
+
+    from stackft_jax import logs
+
+    full = ValueError('RESOURCE_EXHAUSTED: Failed writing: "/w/ckpt/d/4a65": No space left on device')
+    orbax = "/site-packages/orbax/checkpoint/_src/checkpointers/async_checkpointer.py"
+
+    def record(error: BaseException | None, path: str = orbax) -> logging.LogRecord:
+        exc_info = (type(error), error, None) if error else None
+        return logging.LogRecord(
+            "absl", logging.ERROR, path, 264, "Failed to run 4 Handler Commit", (), exc_info
+        )
+
+    assert not logs._not_a_relayed_orbax_error(record(full))
+    assert logs._not_a_relayed_orbax_error(record(RuntimeError("other")))  # any other error still shows
+    assert logs._not_a_relayed_orbax_error(record(full, path="/x/stackft_jax/loop.py"))
+
+
 def test_a_bug_prints_its_traceback_and_says_so(capsys):
     code, err = _exit_of(ZeroDivisionError("division by zero"), capsys)
     assert code == cli_errors.EXIT_BUG
