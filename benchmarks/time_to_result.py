@@ -98,6 +98,10 @@ def directory_bytes(path: Path) -> int:
     return total
 
 
+def _file_count(path: Path) -> int:
+    return sum(len(files) for _, _, files in os.walk(path))
+
+
 def peak_bytes_while(proc: subprocess.Popen, path: Path, every_s: float = 0.5) -> int:
     """The largest size of `path` sampled every `every_s` seconds until `proc` exits."""
     peak = 0
@@ -120,6 +124,8 @@ def timed_run(config_args: list[str], workdir: Path, caches: Path, seed: int) ->
         f"--config.data.cache_dir={caches / 'data'}",
         f"--config.compilation_cache_dir={caches / 'jax_compilation_cache'}",
     ]
+    compiled = caches / "jax_compilation_cache"
+    cached_before = _file_count(compiled)
     launched = time.time()
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log, text=True)
@@ -151,6 +157,8 @@ def timed_run(config_args: list[str], workdir: Path, caches: Path, seed: int) ->
         "outside_steps_share": round(1 - (seconds["train_steps"] + seconds["evaluation"]) / wall, 3),
         "checkpoint_bytes_end": directory_bytes(workdir / "checkpoints"),
         "checkpoint_bytes_peak": checkpoint_peak,
+        # Programs this run compiled and stored (a warm run loads them instead): a count, not a time.
+        "compilation_cache_files_added": _file_count(compiled) - cached_before,
         "final": results["final"],
         "library_timings": recorded,
     }
