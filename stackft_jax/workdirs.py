@@ -127,24 +127,25 @@ def _is_run_workdir(folder: Path) -> bool:
 
 
 def run_holding(path: str | Path) -> Path | None:
-    """The run workdir that `path` is or lies inside (None: none): what export, predict and ensemble
-    must never write into, whatever --overwrite says, since a run's files are read by its resume,
-    ensembles and grid reports."""
+    """The run or grid workdir that `path` is or lies inside (None: none): what export, predict and
+    ensemble must never write into, whatever --overwrite says, since a run's files are read by its
+    resume, ensembles and grid reports."""
     target = Path(path).expanduser().resolve()
     for folder in (target, *target.parents):
-        if folder.is_dir() and _is_run_workdir(folder):
+        if folder.is_dir() and (_is_run_workdir(folder) or (folder / GRID.config_file).is_file()):
             return folder
     return None
 
 
 def refuse_run_target(flag: str, path: str | Path) -> None:
-    """Refuses `--flag=path` inside a run's workdir (UsageError naming the run)."""
+    """Refuses `--flag=path` inside a run's (or a grid's) workdir (UsageError naming it)."""
     run = run_holding(path)
     if run is not None:
         where = "is" if run == Path(path).expanduser().resolve() else "is inside"
+        what = "grid" if (run / GRID.config_file).is_file() and not _is_run_workdir(run) else "run"
         raise cli_errors.UsageError(
-            f"--{flag}={path} {where} the workdir of the run {run}; a command never writes into a run's "
-            "folder (even with --overwrite): choose a path outside it"
+            f"--{flag}={path} {where} the workdir of the {what} {run}; a command never writes into a "
+            f"{what}'s folder (even with --overwrite): choose a path outside it"
         )
 
 

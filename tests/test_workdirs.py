@@ -197,3 +197,10 @@ def test_a_runs_folder_is_found_from_any_path_inside_it(tmp_path):
         cli_errors.UsageError, match=rf"^--out={run}/ens is inside the workdir of the run {run}"
     ):
         ensemble.check_out(run / "ens", [])
+    grid = tmp_path / "grid"
+    grid.mkdir()
+    (grid / workdirs.GRID.config_file).write_text("{}")
+    with pytest.raises(
+        cli_errors.UsageError, match=rf"^--out={grid} is the workdir of the grid {grid}; .* grid's"
+    ):
+        workdirs.refuse_run_target("out", grid)
