@@ -63,6 +63,7 @@ def run(
     workdir = Path(workdir)
     if workdir.exists() and not workdir.is_dir():
         raise UsageError(f"--workdir={workdir} is a file: a workdir is a folder (give a new path)")
+    build.resolve_encoder(run_spec)  # the model folder's checks (tokenizer, positions) before any write
     workdir.mkdir(parents=True, exist_ok=True)  # a read-only parent: one line (cli_errors, PermissionError)
     if not os.access(workdir, os.W_OK):
         raise UsageError(f"--workdir={workdir} is not writable: the run writes its checkpoints there")
