@@ -26,6 +26,7 @@ at these lengths on XLA:CPU).
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -85,13 +86,20 @@ def case_args(name: str, args: argparse.Namespace) -> list[str]:
 
 
 def directory_bytes(path: Path) -> int:
+    """The bytes of the files under `path` as they are while a run writes it: os.walk skips a folder that
+    vanishes under it (orbax renames its temporary checkpoint folders), which Path.rglob raises on."""
     total = 0
-    for p in path.rglob("*"):
-        try:
-            total += p.stat().st_size if p.is_file() else 0
-        except FileNotFoundError:  # a checkpoint deleted or renamed while being counted
-            pass
+    for folder, _, files in os.walk(path, onerror=lambda _: None):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(folder, name), follow_symlinks=False).st_size
+            except FileNotFoundError:  # a checkpoint deleted or renamed while being counted
+                pass
     return total
+
+
+def _file_count(path: Path) -> int:
+    return sum(len(files) for _, _, files in os.walk(path))
 
 
 def peak_bytes_while(proc: subprocess.Popen, path: Path, every_s: float = 0.5) -> int:
@@ -116,6 +124,8 @@ def timed_run(config_args: list[str], workdir: Path, caches: Path, seed: int) ->
         f"--config.data.cache_dir={caches / 'data'}",
         f"--config.compilation_cache_dir={caches / 'jax_compilation_cache'}",
     ]
+    compiled = caches / "jax_compilation_cache"
+    cached_before = _file_count(compiled)
     launched = time.time()
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log, text=True)
@@ -147,6 +157,8 @@ def timed_run(config_args: list[str], workdir: Path, caches: Path, seed: int) ->
         "outside_steps_share": round(1 - (seconds["train_steps"] + seconds["evaluation"]) / wall, 3),
         "checkpoint_bytes_end": directory_bytes(workdir / "checkpoints"),
         "checkpoint_bytes_peak": checkpoint_peak,
+        # Programs this run compiled and stored (a warm run loads them instead): a count, not a time.
+        "compilation_cache_files_added": _file_count(compiled) - cached_before,
         "final": results["final"],
         "library_timings": recorded,
     }

@@ -60,7 +60,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(cli_errors.EXIT_USAGE)
-    return app.parse_flags_with_usage(rest)
+    return cli_errors.parse_flags(rest)
 
 
 @cli_errors.guarded  # a user's mistake: one line and its exit status (cli_errors.py)

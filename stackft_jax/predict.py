@@ -52,7 +52,24 @@ def _check_target(flag: str, path: str | None) -> None:
     if path and path != STDIN:
         if Path(path).is_dir():
             raise UsageError(f"--{flag}={path} is a folder: name a file")
+        from stackft_jax.training import workdirs
+
+        workdirs.refuse_run_target(flag, path)  # a run's predictions feed its ensembles and reports
         cli_errors.refuse_to_replace(flag, path, overwrite=FLAGS.overwrite)
+
+
+def _check_distinct_files() -> None:
+    """--input, --output and --scores name three different files: one written over another loses it."""
+    named = [
+        (f, p) for f, p in (("input", FLAGS.input), ("output", FLAGS.output), ("scores", FLAGS.scores)) if p
+    ]
+    seen: dict[Path, str] = {}
+    for flag, path in named:
+        if path == STDIN:
+            continue
+        first = seen.setdefault(Path(path).expanduser().resolve(), flag)
+        if first != flag:
+            raise UsageError(f"--{first} and --{flag} name one file ({path}): name another file for --{flag}")
 
 
 def _open_source():
@@ -77,9 +94,16 @@ def main(argv: list[str]) -> None:
         raise UsageError("--input and --output are required (- for stdin / stdout)")
     from stackft_jax.runtime import logs, xla_flags
 
+    if FLAGS.per_device_batch_size is not None and FLAGS.per_device_batch_size < 1:
+        raise UsageError(
+            f"--per_device_batch_size={FLAGS.per_device_batch_size}: give a positive number of examples "
+            "(or leave it out for the run's eval batch)"
+        )
+
     logs.setup()
     xla_flags.apply_cpu_defaults()  # before JAX starts a backend
     # Every refusal comes before the model is built.
+    _check_distinct_files()
     source = _open_source()
     _check_target("output", FLAGS.output)
     _check_target("scores", FLAGS.scores)
@@ -92,7 +116,9 @@ def main(argv: list[str]) -> None:
     print(f"{source.path}: {predictor.loaded.which} parameters, task {source.task.name}", file=sys.stderr)
     if examples is None:
         out = sys.stdout if FLAGS.output == STDIN else Path(FLAGS.output).open("w")
-        inference.stream(predictor, sys.stdin, lambda r: print(json.dumps(r), file=out, flush=True))
+        refused = inference.stream(predictor, sys.stdin, lambda r: print(json.dumps(r), file=out, flush=True))
+        if refused:  # a script piping lines in learns that some got no answer
+            raise cli_errors.DataError(f"{refused} input line(s) refused (above); the others were answered")
         return
     done = predictor.predict(examples)
     if FLAGS.output == STDIN:
@@ -110,4 +136,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=cli_errors.parse_flags)

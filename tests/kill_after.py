@@ -1,8 +1,9 @@
-"""The main command, SIGKILLed right after one step: a test's stand-in for a host that dies at any moment
-(its checkpoint of that step, if one is due, written first). Installed by the tests, so the library's
-step loop checks for no test hook:
+"""The main command, sent a signal right after one step: SIGKILL, a test's stand-in for a host that dies
+at any moment (its checkpoint of that step, if one is due, written first); or SIGINT / SIGTERM, a
+Ctrl-C or a preemption at a chosen step however loaded the machine is. Installed by the tests, so the
+library's step loop checks for no test hook:
 
-    python tests/kill_after.py PHASE:STEP --config=... --workdir=...
+    python tests/kill_after.py PHASE:STEP[:SIGINT|:SIGTERM] --config=... --workdir=...
 """
 
 import functools
@@ -19,12 +20,13 @@ from stackft_jax.training import loop, train  # noqa: E402
 
 class KillAfter(loop.LoopObserver):
     def __init__(self, where: str):
-        phase, _, step = where.partition(":")
+        phase, step, *name = where.split(":")
         self.phase, self.step = phase, int(step)
+        self.signal = signal.Signals[name[0]] if name else signal.SIGKILL
 
     def step_ended(self, phase: str, step: int) -> None:
         if (phase, step) == (self.phase, self.step):
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), self.signal)
 
 
 if __name__ == "__main__":

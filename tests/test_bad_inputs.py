@@ -1,5 +1,6 @@
 """Bad input fails before training, naming the file, line or config key."""
 
+import json
 import shutil
 import warnings
 
@@ -9,6 +10,7 @@ import pytest
 from configs import tiny
 from stackft_jax.data import metrics, task_spec, tasks, tokenization
 from stackft_jax.models import bert
+from stackft_jax.runtime.cli_errors import DataError, UsageError
 from stackft_jax.training import train
 
 
@@ -76,3 +78,39 @@ def test_unsupported_model_type_is_one_line_listing_the_families(tmp_path, run_c
         f"error: {model_dir / 'config.json'}: model_type='gpt2' is not supported; "
         "supported: bert, roberta, xlm-roberta, electra, distilbert"
     )
+
+
+def _model_without(tmp_path, *names: str):
+    model_dir = tmp_path / "model"
+    shutil.copytree(bert.resolve_model_dir("embedded:minilm"), model_dir)
+    for name in names:
+        (model_dir / name).unlink()
+    return model_dir
+
+
+def test_model_folder_without_tokenizer_files_is_refused_before_training(tmp_path):
+    # transformers would build a 5-token tokenizer from config.json: every word [UNK], exit 0.
+    model_dir = _model_without(tmp_path, "vocab.txt", "tokenizer.json", "tokenizer_config.json")
+    with pytest.raises(
+        DataError, match=rf"^{model_dir}: no tokenizer files \(none of tokenizer.json, vocab.txt"
+    ):
+        train.run(tiny.get_config(f"model.name_or_path={model_dir}"), tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_tokenizer_ids_beyond_the_embedding_table_are_refused_before_training(tmp_path):
+    # A 400-entry encoder with a 30522-entry tokenizer: not a learning-rate problem at step 1.
+    model_dir = _model_without(tmp_path)
+    encoder = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**encoder, "vocab_size": 400}))
+    table = r"but the encoder's embedding table has 400 rows \(vocab_size in config.json\)"
+    with pytest.raises(
+        DataError, match=rf"^{model_dir}: its tokenizer gives token id \d+ on the \w+ split, {table}"
+    ):
+        train.run(tiny.get_config(f"model.name_or_path={model_dir}"), tmp_path / "run")
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_max_seq_length_above_positions_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match=r"config.max_seq_length=600 exceeds"):
+        train.run(tiny.get_config("max_seq_length=600"), tmp_path)

@@ -278,9 +278,13 @@ def test_time_to_result(tmp_path):
         assert sum(run["seconds"].values()) == pytest.approx(run["wall_s"], abs=0.05)
         assert run["final"]["dev"]["accuracy"] >= 0
         assert run["checkpoint_bytes_peak"] >= run["checkpoint_bytes_end"] > 0
-        assert 0 < run["gap_share_of_phase1"] < 1
-    # The warm run loads its programs from the cold run's persistent cache instead of compiling them.
-    assert runs["warm"]["seconds"]["compilation"] < runs["cold"]["seconds"]["compilation"]
+        # Phase 1 measured its train/dev gap, inside its own wall time (a share rounded to 0.001 may be
+        # 0.0 when loading dominates the phase: the measurement is what is asserted, not its size).
+        assert "gap_evaluation" in run["library_timings"]["seconds"]
+        assert 0 <= run["gap_share_of_phase1"] < 1
+    # The warm run loads its programs from the cold run's persistent cache instead of compiling them:
+    # counted in cache files, which no load on the machine changes (its seconds do).
+    assert runs["warm"]["compilation_cache_files_added"] < runs["cold"]["compilation_cache_files_added"]
 
 
 @pytest.mark.slow

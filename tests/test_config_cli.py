@@ -381,3 +381,20 @@ def test_the_command_line_reads_a_recorded_config():
     proc = _cli(f"--config={QQP_RUN}/config.json", "--config.seed=7", "--show_config")
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"^seed = 7\b", proc.stdout, re.M) and "head.name = 'bimpm'" in proc.stdout
+
+
+def test_show_config_gives_each_written_phase_key_its_own_comment():
+    import io
+
+    from configs import tiny
+
+    shown = io.StringIO()
+    config_cli.show(tiny.get_config("three_phases"), shown)
+    lines = {line.split(" = ")[0]: line for line in shown.getvalue().splitlines()}
+    assert lines["phases.0.num_steps"].endswith("# step budget; 0: use num_epochs")
+    assert lines["phases.1.learning_rates.top"].endswith(
+        "# peak learning rate per trained group of `rules` (the group `frozen` has none)"
+    )
+    assert not [
+        k for k, line in lines.items() if k.startswith("phases.") and "The schedule as a list" in line
+    ]

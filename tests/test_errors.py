@@ -4,7 +4,6 @@ command did not create, no run counted twice (a grid or run workdir bound to its
 import errno
 import json
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from stackft_jax.runtime.cli_errors import ConfigError
 from stackft_jax.training import train, workdirs
 from tests.test_ensemble import _write_run
 from tests.test_experiment import _grid
-from tests.test_train import _assert_same_run, signal_after_the_first_checkpoint
+from tests.test_train import _assert_same_run
 
 REPO = Path(__file__).resolve().parent.parent
 SHORT = "phase1.num_steps=2,phase2.num_steps=2,eval_every_steps=2"
@@ -66,6 +65,26 @@ def test_boundary_maps_mistakes_to_documented_statuses(capsys):
     ]
 
 
+def test_a_folder_without_permission_is_one_line_naming_it(capsys):
+    denied = PermissionError(errno.EACCES, "Permission denied", "/w/run/locks")
+    assert _exit_of(denied, capsys) == (
+        1,
+        "error: /w/run/locks: Permission denied (check its permissions, or choose another path)\n",
+    )
+    read_only = OSError(errno.EROFS, "Read-only file system", "/w/out")
+    assert _exit_of(read_only, capsys)[0] == 1
+
+
+def test_a_workdir_that_is_a_file_is_a_usage_error(tmp_path):
+    workdir = tmp_path / "notes.txt"
+    workdir.write_text("mine")
+    with pytest.raises(
+        cli_errors.UsageError, match=rf"^--workdir={workdir} is a file: a workdir is a folder"
+    ):
+        train.run(tiny.get_config(), workdir)
+    assert workdir.read_text() == "mine"
+
+
 def test_a_closed_output_pipe_is_no_bug(capsys):
     """`python -m stackft_jax.experiment --status | head -1`: the reader left; no traceback, no message."""
     assert _exit_of(BrokenPipeError(errno.EPIPE, "Broken pipe"), capsys) == (1, "")
@@ -85,6 +104,27 @@ def test_a_full_disk_under_orbax_is_one_line(capsys):
     )
 
 
+def test_orbax_logs_of_a_full_disk_are_left_to_the_one_line(tmp_path):
+    """Under async checkpointing a full disk (measured on a 3 MB tmpfs) made orbax log two ERROR lines
+    with tensorstore's traceback (225 lines) before the boundary's one line; those logs are dropped."""
+    import logging
+
+    from stackft_jax.runtime import logs
+
+    full = ValueError('RESOURCE_EXHAUSTED: Failed writing: "/w/ckpt/d/4a65": No space left on device')
+    orbax = "/site-packages/orbax/checkpoint/_src/checkpointers/async_checkpointer.py"
+
+    def record(error: BaseException | None, path: str = orbax) -> logging.LogRecord:
+        exc_info = (type(error), error, None) if error else None
+        return logging.LogRecord(
+            "absl", logging.ERROR, path, 264, "Failed to run 4 Handler Commit", (), exc_info
+        )
+
+    assert not logs._not_a_relayed_orbax_error(record(full))
+    assert logs._not_a_relayed_orbax_error(record(RuntimeError("other")))  # any other error still shows
+    assert logs._not_a_relayed_orbax_error(record(full, path="/x/stackft_jax/training/loop.py"))
+
+
 def test_a_bug_prints_its_traceback_and_says_so(capsys):
     code, err = _exit_of(ZeroDivisionError("division by zero"), capsys)
     assert code == cli_errors.EXIT_BUG
@@ -95,6 +135,14 @@ def test_a_bug_prints_its_traceback_and_says_so(capsys):
 def test_a_missing_flag_is_one_line_with_status_2(tmp_path):
     line = _one_error_line(_cli("stackft_jax.main", f"--workdir={tmp_path}"), 2)
     assert line == "error: --config=FILE.py is required (--help lists the flags)"
+
+
+@pytest.mark.parametrize("module", ["stackft_jax.main", "stackft_jax.predict", "stackft_jax.export"])
+def test_a_mistyped_flag_is_one_line_with_status_2(module, tmp_path):
+    line = _one_error_line(_cli(module, f"--wokdir={tmp_path}"), 2)
+    assert line.startswith("error: Unknown command line flag 'wokdir'") and line.endswith(
+        "(--help lists the flags)"
+    )
 
 
 # --- config keys ---------------------------------------------------------------------------------
@@ -108,6 +156,14 @@ def test_a_missing_flag_is_one_line_with_status_2(tmp_path):
         ("max_seq_length=4", "config.max_seq_length=4: at least 8 tokens"),
         ("head.name=esmi", "config.head.name='esmi' is not a registered head; did you mean 'esim'?"),
         ("head.name=bilstm_crf", "config.head.name='bilstm_crf' is a word tagging head, and data.task='qqp'"),
+        ("max_grad_norm=-1", r"config.max_grad_norm=-1.0: a norm of 0 or more \(0 turns clipping off\)"),
+        ("model.dropout_rate=1.5", "config.model.dropout_rate=1.5: a dropout rate is at least 0 and below 1"),
+        ("head.dropout_rate=1.0", "config.head.dropout_rate=1.0: a dropout rate is at least 0 and below 1"),
+        (
+            "data.classes=health+sports",
+            r"config.data.classes='health\+sports': data.task='qqp' does not read it",
+        ),
+        ("data.truncation=head_tail", "config.data.truncation='head_tail': data.task='qqp' does not read it"),
     ],
 )
 def test_bad_run_keys_are_named_before_any_work(item, message, tmp_path):
@@ -181,7 +237,7 @@ def test_a_data_file_changed_after_a_run_is_refused_naming_it(tmp_path):
     workdir = tmp_path / "run"
     train.run(config, workdir)
     recorded = json.loads((workdir / workdirs.DATA_FILE).read_text())
-    assert set(recorded) == {"data.train_file", "data.dev_file"}
+    assert set(recorded) == {"data.train_file", "data.dev_file", workdirs.TOKENIZER_KEY}
     results = (workdir / "results.json").read_text()
     lines = dev_file.read_text().splitlines(keepends=True)
     dev_file.write_text("".join(lines[:-1]))  # one example fewer, edited in place
@@ -189,15 +245,55 @@ def test_a_data_file_changed_after_a_run_is_refused_naming_it(tmp_path):
         train.run(config, workdir)
     assert str(refused.value).startswith(f"config.data.dev_file = '{dev_file}' changed since this workdir's")
     assert (workdir / "results.json").read_text() == results  # nothing rewritten
-    # On purpose: the new content is recorded.
+    # On purpose: the new content is recorded, and the old run's progress is set aside (not mixed).
     train.run(config, workdir, allow_config_change=True)
     assert (
         json.loads((workdir / workdirs.DATA_FILE).read_text())["data.dev_file"]["bytes"]
         == dev_file.stat().st_size
     )
+    (aside,) = workdir.glob("replaced-*")
+    assert (aside / "results.json").read_text() == results
+    history = [json.loads(line) for line in (workdir / workdirs.HISTORY_FILE).read_text().splitlines()]
+    assert history[-1][workdirs.DATA_FILE] == recorded
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert len([r for r in records if r.get("split") == "dev"]) == len(
+        [
+            r
+            for r in (json.loads(line) for line in (aside / "metrics.jsonl").read_text().splitlines())
+            if r.get("split") == "dev"
+        ]
+    )  # the new run's own evaluations only
 
 
-def test_another_strategy_on_purpose_starts_over_and_sets_the_old_run_aside(tmp_path):
+def test_tokenizer_files_changed_after_a_run_are_refused_naming_them(tmp_path):
+    from stackft_jax.models import bert
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(bert.resolve_model_dir("embedded:minilm"), model_dir)
+    config = tiny.get_config(f"{SHORT},model.name_or_path={model_dir}")
+    workdir = tmp_path / "run"
+    train.run(config, workdir)
+    # A run recorded before tokenizer fingerprints existed still resumes, and records one.
+    recorded = json.loads((workdir / workdirs.DATA_FILE).read_text())
+    tokenizer = recorded.pop(workdirs.TOKENIZER_KEY)
+    (workdir / workdirs.DATA_FILE).write_text(json.dumps(recorded))
+    train.run(config, workdir)
+    assert json.loads((workdir / workdirs.DATA_FILE).read_text())[workdirs.TOKENIZER_KEY] == tokenizer
+    results = (workdir / "results.json").read_text()
+    vocab = (model_dir / "vocab.txt").read_text().splitlines(keepends=True)
+    vocab[1000], vocab[1001] = vocab[1001], vocab[1000]  # two ids swapped
+    (model_dir / "vocab.txt").write_text("".join(vocab))
+    predictions = (workdir / "predictions" / "dev.jsonl").read_bytes()
+    with pytest.raises(workdirs.ConfigMismatch) as refused:
+        train.run(config, workdir)
+    assert str(refused.value).startswith(
+        f"the tokenizer files of {model_dir} (vocab.txt) changed since this workdir's run tokenized its data"
+    )
+    assert (workdir / "results.json").read_text() == results
+    assert (workdir / "predictions" / "dev.jsonl").read_bytes() == predictions
+
+
+def test_another_strategy_on_purpose_starts_over_and_sets_the_old_run_aside(tmp_path, caplog):
     workdir = tmp_path / "run"
     train.run(tiny.get_config(f"{SHORT},final_params=best"), workdir)
     old_best = sorted(p.name for p in (workdir / "checkpoints" / "best").iterdir())
@@ -209,6 +305,8 @@ def test_another_strategy_on_purpose_starts_over_and_sets_the_old_run_aside(tmp_
     )
     (aside,) = workdir.glob("replaced-*")
     assert sorted(p.name for p in (aside / "checkpoints" / "best").iterdir()) == old_best
+    # The warning names what the user changed, not the alphabetically first phase key it implies.
+    assert any("--allow_config_change changed config.strategy;" in r.getMessage() for r in caplog.records)
     assert [p["phase"] for p in results["phases"]] == ["finetune"]
     # Its best is its own: a global step of the new single phase, never the old run's phase 2.
     assert results["best"]["global_step"] <= results["train_steps"]
@@ -320,8 +418,10 @@ def test_ensemble_out_refuses_what_it_did_not_write(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_saves_and_says_how_to_resume(uninterrupted, tmp_path, run_cli):
-    proc = run_cli(tmp_path, wait=False)
-    out = signal_after_the_first_checkpoint(proc, tmp_path, signal.SIGINT)
+    # The run sends itself SIGINT after phase 1's step 2 (tests/kill_after.py): the step it stops at
+    # does not depend on how loaded the machine is.
+    proc = run_cli(tmp_path, kill_at="phase1:2:SIGINT")
+    out = proc.stdout + proc.stderr
     assert proc.returncode == 130, out[-3000:]
     assert "Traceback" not in out
     assert out.strip().splitlines()[-1].startswith("Ctrl-C: checkpoint saved at phase")

@@ -4,6 +4,7 @@ that resumes after SIGKILL without rerunning finished cells and gives the same r
 import json
 import math
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -1083,3 +1084,47 @@ def test_compute_per_cell_and_the_compute_ratio_of_each_comparison(tmp_path, mon
     assert row["compute_ratio"] == {"total.examples": 2.0, "total.flops": 3.0}
     text = (tmp_path / "report.md").read_text()
     assert "compute: total.flops |" in text and "total.examples x2.00, total.flops x3.00" in text
+
+
+def test_a_grid_refuses_runs_scored_on_other_data_and_does_not_reuse_them(monkeypatch, tmp_path):
+    from stackft_jax.training import train, workdirs
+
+    monkeypatch.chdir(REPO)
+    dev = tmp_path / "dev.tsv"
+    shutil.copy(REPO / "tests" / "fixtures" / "qqp" / "dev.tsv", dev)
+    g = _grid(
+        base=f"configs/tiny.py:data.dev_file={dev}",
+        axes="strategy=finetune_only|stack_only",
+        num_seeds=1,
+        baseline="strategy=finetune_only",
+    )
+    trained = []
+
+    def fake_train(run_spec, run_dir, **_):  # a finished run with the fingerprints train.run records
+        run_dir = Path(run_dir)
+        trained.append(f"{run_dir.parent.parent.name}/{run_dir.name}")
+        run = next(r for r in cells.runs_of(g) if r.name == run_dir.name)
+        _fake_recorded_run(run_dir.parent.parent, g, run, 0.75)
+        model = workdirs.model_dir(run_spec)
+        workdirs.bind_data(run_dir, workdirs.data_files(run_spec), allow_change=False, model_dir=model)
+
+    monkeypatch.setattr(train, "run", fake_train)
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert grid.run_grid(g, first) is True
+    dev.write_text("".join(dev.read_text().splitlines(keepends=True)[:-1]))  # one example fewer
+    changed = f"config.data.dev_file = '{dev}' changed since this workdir's run read it"
+    with pytest.raises(workdirs.ConfigMismatch, match=f"^grid run strategy=finetune_only-seed0: {changed}"):
+        grid.run_grid(g, first)
+    with pytest.raises(workdirs.ConfigMismatch, match=f"^grid run strategy=finetune_only-seed0: {changed}"):
+        grid_report.write_report(g, first, aso_iterations=ASO_ITERATIONS)
+    assert not (first / "report.json").exists()
+    # Another grid on the new content trains its runs instead of copying those scored on the old.
+    assert grid.run_grid(g, second, reuse_runs_from=[first]) is True
+    assert trained[2:] == ["second/strategy=finetune_only-seed0", "second/strategy=stack_only-seed0"]
+    assert not list((second / "runs").glob(f"*/{grid.REUSED_FROM}"))
+
+
+def test_a_mistyped_reuse_source_is_refused_before_the_grid_workdir_is_bound(tmp_path):
+    with pytest.raises(config_cli.ConfigError, match="not a grid workdir"):
+        grid.run_grid(_grid(num_seeds=1), tmp_path / "grid", reuse_runs_from=[tmp_path / "nope"])
+    assert not (tmp_path / "grid").exists()

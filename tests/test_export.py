@@ -53,6 +53,7 @@ def exported(uninterrupted, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("exports") / "tiny"
     proc = _cli("export", f"--workdir={uninterrupted}", f"--out={out}")
     assert proc.returncode == 0, proc.stderr
+    assert not [line for line in proc.stderr.splitlines() if " WARNING " in line or "Metadata" in line]
     return out
 
 
@@ -215,3 +216,74 @@ def test_minilm_run_exports_to_transformers(run_cli, tmp_path):
     out = tmp_path / "export"
     assert _cli("export", f"--workdir={tmp_path / 'run'}", f"--out={out}").returncode == 0
     _check_encoder(out, opening.open_workdir(tmp_path / "run"))
+
+
+def test_export_never_replaces_a_run_or_a_folder_it_did_not_write(uninterrupted, tmp_path):
+    before = {
+        p: p.read_bytes() for p in sorted(uninterrupted.rglob("*")) if p.is_file() and "locks" not in p.parts
+    }
+    run = uninterrupted.resolve()
+    for out in (uninterrupted, uninterrupted / "predictions", uninterrupted / "new"):
+        where = "is" if out == uninterrupted else "is inside"
+        refused = _cli("export", f"--workdir={uninterrupted}", f"--out={out}", "--overwrite")
+        assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+            f"error: --out={out} {where} the workdir of the run {run}; a command never writes into a "
+            "run's folder (even with --overwrite): choose a path outside it"
+        ]
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "mine.txt").write_text("mine")
+    refused = _cli("export", f"--workdir={uninterrupted}", f"--out={notes}", "--overwrite")
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        f"error: --out={notes} holds files that are no export (no head_config.json); --overwrite "
+        "replaces only an earlier export: choose a new folder"
+    ]
+    assert (notes / "mine.txt").read_text() == "mine"
+    after = {
+        p: p.read_bytes() for p in sorted(uninterrupted.rglob("*")) if p.is_file() and "locks" not in p.parts
+    }
+    assert after == before and not (uninterrupted / "new").exists()
+
+
+def test_an_exported_phase_carries_its_own_scores(uninterrupted, tmp_path):
+    results = json.loads((uninterrupted / "results.json").read_text())
+    phase1 = opening.open_workdir(uninterrupted, phase="phase1")
+    out = hf_export.export(phase1, tmp_path / "phase1")
+    record = json.loads((out / opening.HEAD_CONFIG).read_text())
+    own = {"dev": results["phases"][0]["boundary"]["dev"]}
+    assert record["final"] == record["run"]["final"] == own  # not the run's final (phase 2) scores
+    card = (out / "README.md").read_text()
+    assert "## Results (the end of phase1 (its boundary evaluation))" in card
+    assert f"accuracy {own['dev']['accuracy']:.4f}" in card
+    assert hf_export.exported_scores(opening.open_workdir(uninterrupted, params="best"), results)[0] == {
+        "dev": results["best"]["dev"]
+    }
+
+
+def test_a_damaged_export_or_an_export_as_workdir_is_one_line(exported, tmp_path):
+    import shutil
+
+    from stackft_jax.runtime.cli_errors import DataError, UsageError
+
+    with pytest.raises(
+        UsageError, match=rf"^--workdir={exported} is an export, not a run's workdir: pass it as"
+    ):
+        opening.open_workdir(exported)
+    damaged = tmp_path / "damaged"
+    shutil.copytree(exported, damaged)
+    head = damaged / opening.HEAD_WEIGHTS
+    head.write_bytes(head.read_bytes()[: head.stat().st_size // 2])
+    with pytest.raises(DataError, match=rf"^{head}: cannot read the head's weights .* damaged or truncated"):
+        opening.open_export(damaged).load()
+    record = damaged / opening.HEAD_CONFIG
+    record.write_text(record.read_text()[:100])
+    with pytest.raises(DataError, match=rf"^{record}: not a readable export record .* damaged or truncated"):
+        opening.open_export(damaged)
+    for size in ("-3", "0"):
+        proc = _cli(
+            "predict", f"--model={exported}", "--input=-", "--output=-", f"--per_device_batch_size={size}"
+        )
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+            f"error: --per_device_batch_size={size}: give a positive number of examples (or leave it out for "
+            "the run's eval batch)"
+        ]

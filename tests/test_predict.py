@@ -54,6 +54,8 @@ def test_predict_on_the_dev_file_reproduces_the_runs_predictions_byte_for_byte(u
     assert predicted["accuracy"] == run_scores["accuracy"] and predicted["f1"] == run_scores["f1"]
     assert "accuracy=" in proc.stderr
     assert _snapshot(uninterrupted) == before  # the workdir is read, never written
+    # A healthy run restores without warnings (orbax's "Metadata file does not exist" for an item).
+    assert not [line for line in proc.stderr.splitlines() if " WARNING " in line or "Metadata" in line]
 
 
 @pytest.mark.slow
@@ -98,10 +100,13 @@ def test_stdin_is_answered_line_by_line(uninterrupted):
         capture_output=True,
         text=True,
     )
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # a line was refused: the status says so
     records = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [r["key"].split("-")[0] for r in records] == ["line1", "line3"]
     assert "<stdin>:2: task 'qqp' takes a text pair" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: 1 input line(s) refused (above); the others were answered"
+    )
 
 
 def test_params_and_phases(uninterrupted):
@@ -246,3 +251,34 @@ def test_a_labelled_file_scores_as_the_runs_test_file_does(run_cli, tmp_path):
     run_scores = json.loads((workdir / "results.json").read_text())["final"]["test"]
     predicted = json.loads(scores.read_text())
     assert predicted["accuracy"] == run_scores["accuracy"] and predicted["f1"] == run_scores["f1"]
+
+
+def test_predict_never_writes_over_a_run_or_its_own_input(uninterrupted, tmp_path):
+    before = _snapshot(uninterrupted)
+    dev = uninterrupted / "predictions" / "dev.jsonl"
+    into_run = _predict_cli(
+        f"--workdir={uninterrupted}",
+        f"--input={FIXTURES / 'qqp' / 'dev.tsv'}",
+        f"--output={dev}",
+        "--overwrite",
+    )
+    assert into_run.returncode == 2 and into_run.stderr.strip().splitlines() == [
+        f"error: --output={dev} is inside the workdir of the run {uninterrupted.resolve()}; a command never "
+        "writes into a run's folder (even with --overwrite): choose a path outside it"
+    ]
+    pairs = _write(tmp_path / "pairs.tsv", "Is the sky blue?\tWhy is the sky blue?\n")
+    itself = _predict_cli(
+        f"--workdir={uninterrupted}", f"--input={pairs}", f"--output={pairs}", "--overwrite"
+    )
+    assert itself.returncode == 2 and itself.stderr.strip().splitlines() == [
+        f"error: --input and --output name one file ({pairs}): name another file for --output"
+    ]
+    out = tmp_path / "out.jsonl"
+    both = _predict_cli(
+        f"--workdir={uninterrupted}", f"--input={pairs}", f"--output={out}", f"--scores={out}"
+    )
+    assert both.returncode == 2 and both.stderr.strip().splitlines() == [
+        f"error: --output and --scores name one file ({out}): name another file for --scores"
+    ]
+    assert pairs.read_text() == "Is the sky blue?\tWhy is the sky blue?\n" and not out.exists()
+    assert _snapshot(uninterrupted) == before

@@ -179,3 +179,29 @@ def test_cli_prints_the_refusal_without_a_traceback(tmp_path, run_cli):
         tmp_path, "--config.phase1.num_steps=3", "--config.phase2.num_steps=2", "--allow_config_change"
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_a_runs_folder_is_found_from_any_path_inside_it(tmp_path):
+    from stackft_jax.experiments import ensembling
+    from stackft_jax.runtime import cli_errors
+
+    run = tmp_path / "run"
+    (run / "predictions").mkdir(parents=True)
+    (run / workdirs.CONFIG_FILE).write_text(json.dumps({"config": {}, "global_batch_size": 8}))
+    assert workdirs.run_holding(run / "predictions" / "dev.jsonl") == run.resolve()
+    assert workdirs.run_holding(run / "new" / "deeper") == run.resolve()
+    encoder = tmp_path / "export"  # an encoder's config.json is no run's binding
+    encoder.mkdir()
+    (encoder / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 10}))
+    assert workdirs.run_holding(encoder / "x") is None
+    with pytest.raises(
+        cli_errors.UsageError, match=rf"^--out={run}/ens is inside the workdir of the run {run}"
+    ):
+        ensembling.check_out(run / "ens", [])
+    grid = tmp_path / "grid"
+    grid.mkdir()
+    (grid / workdirs.GRID.config_file).write_text("{}")
+    with pytest.raises(
+        cli_errors.UsageError, match=rf"^--out={grid} is the workdir of the grid {grid}; .* grid's"
+    ):
+        workdirs.refuse_run_target("out", grid)

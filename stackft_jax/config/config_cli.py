@@ -370,6 +370,22 @@ def key_comments() -> dict[str, str]:
     return comments
 
 
+def _phase_key_comment(key: str, comments: dict[str, str]) -> str | None:
+    """A written phase's key (`phases.<i>.<key>`): phases.py's comment, else the same key's in the
+    phase1/phase2 blocks of config/defaults.py; `learning_rates.<group>` takes `learning_rates`'. Never
+    the comment of `phases` itself, which describes the list."""
+    match = re.fullmatch(r"phases\.\d+\.(.+)", key)
+    if match is None:
+        return None
+    inner = match[1]
+    found = (
+        comments.get(f"phases.{inner}") or comments.get(f"phase1.{inner}") or comments.get(f"phase2.{inner}")
+    )
+    if found is None and "." in inner:
+        found = comments.get(f"phases.{inner.rsplit('.', 1)[0]}")
+    return found
+
+
 def show(config: ml_collections.ConfigDict, out=None) -> None:
     """Every key with its value and comment, to `out` (default: stdout)."""
     out = out or sys.stdout
@@ -377,6 +393,5 @@ def show(config: ml_collections.ConfigDict, out=None) -> None:
     for key in flat_keys(config):
         parent, leaf = _parent_and_leaf(config, key)
         line = f"{key} = {parent[leaf]!r}"
-        in_phase = re.sub(r"^phases\.\d+\.", "phases.", key)  # phases.<i>.learning_rates.<group> too
-        comment = comments.get(key) or comments.get(in_phase) or comments.get(in_phase.rsplit(".", 1)[0])
+        comment = comments.get(key) or _phase_key_comment(key, comments)
         print(f"{line:<60}  # {comment}" if comment else line, file=out)

@@ -110,7 +110,7 @@ BLOCK_DEFAULTS = {
 }
 
 
-# The alias blocks `phase1.*`, `phase2.*` and `unfreezing.*` (configs/common.py writes them with their
+# The alias blocks `phase1.*`, `phase2.*` and `unfreezing.*` (config/defaults.py writes them with their
 # comments; tests/test_spec.py holds the two equal): the inputs of the presets, which turn them into
 # phase blocks. With `config.phases` written they do not apply, and spec.resolve refuses a changed one.
 ALIAS_DEFAULTS = {

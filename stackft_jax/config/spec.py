@@ -19,7 +19,7 @@ from typing import Any
 import ml_collections
 
 from stackft_jax.config import config_cli, phases
-from stackft_jax.data import tasks
+from stackft_jax.data import task_spec, tasks
 from stackft_jax.data.task_spec import TaskSpec
 from stackft_jax.models import heads
 from stackft_jax.models.objectives import CLASSIFICATION
@@ -209,6 +209,18 @@ def _check_options(config: ml_collections.ConfigDict) -> None:
         )
     if config.seed < 0:
         raise ConfigError(f"config.seed={config.seed}: choose a seed of 0 or more")
+    if config.max_grad_norm < 0:  # 0 is the documented "off"; a negative norm would silently be off too
+        raise ConfigError(
+            f"config.max_grad_norm={config.max_grad_norm}: a norm of 0 or more (0 turns clipping off)"
+        )
+    # A rate of 1 or more drops every unit (flax raises on it at the first step; above 1 scales by a
+    # negative keep probability).
+    for key, rate in (
+        ("model.dropout_rate", config.model.dropout_rate),
+        ("head.dropout_rate", config.head.dropout_rate),
+    ):
+        if rate is not None and not 0 <= rate < 1:
+            raise ConfigError(f"config.{key}={rate}: a dropout rate is at least 0 and below 1")
     if config.max_seq_length < MIN_SEQ_LENGTH:
         raise ConfigError(
             f"config.max_seq_length={config.max_seq_length}: at least {MIN_SEQ_LENGTH} tokens, so that "
@@ -227,6 +239,14 @@ def _task(config: ml_collections.ConfigDict) -> TaskSpec:
         task = tasks.get_task(config.data.task)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    for key, default in task_spec.TASK_DATA_KEYS.items():
+        value = config.data.get(key, default)
+        if key not in task.data_keys and value != default:
+            readers = sorted(name for name, t in tasks.TASKS.items() if key in t.data_keys)
+            raise ConfigError(
+                f"config.data.{key}={value!r}: data.task={config.data.task!r} does not read it (only "
+                f"{', '.join(readers)} do{'es' if len(readers) == 1 else ''}); remove it"
+            )
     task = task.configure(config.data)  # the task's own data.* keys
     if config.calibration.temperature and task.objective is not CLASSIFICATION:
         raise ConfigError(

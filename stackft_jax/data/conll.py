@@ -176,6 +176,7 @@ class ConllTask(TaskSpec):
     # Entity F1 first: it picks the best checkpoint and is what phase 1's train/dev gap compares (the
     # phase key `gap_metric` may name another). `accuracy` (per word) is the paper's measure.
     metrics: tuple[str, ...] = ("f1", "precision", "recall", "accuracy")
+    data_keys: tuple[str, ...] = ("document_context",)
 
     @property
     def legacy_gap_metric(self) -> str:

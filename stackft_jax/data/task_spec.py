@@ -36,6 +36,15 @@ SPLITS = ("train", "dev", "test")
 _HF_SPLIT_NAMES = {"train": "train", "dev": "validation", "test": "test"}
 
 
+# The `config.data.*` keys that only some tasks read, with their default (config/defaults.py).
+TASK_DATA_KEYS = {
+    "classes": "society_culture+science_mathematics",
+    "dev_fraction": 0.1,
+    "truncation": "head",
+    "document_context": False,
+}
+
+
 class TaskSpec(abc.ABC):
     """A task: subclass it for a family of tasks, make one instance per task, register it in tasks.py.
 
@@ -50,6 +59,9 @@ class TaskSpec(abc.ABC):
     # > 0: a task without a dev split of its own (or run without a dev file) holds out this fraction of
     # train as dev (`read_splits`); 0: dev comes from the dev file or the hub's validation split.
     dev_fraction: float = 0.0
+    # The task-specific `config.data.*` keys (TASK_DATA_KEYS) this task reads; set to anything but their
+    # default, the others are refused (spec.py), not silently ignored.
+    data_keys: tuple[str, ...] = ()
 
     def configure(self, data_config: Mapping[str, Any]) -> "TaskSpec":
         """The task as `config.data` sets it up (a subset of classes, a held-out dev fraction, ...);

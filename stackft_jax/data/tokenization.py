@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stackft_jax.models.features import SEGMENT_A
+from stackft_jax.runtime.cli_errors import DataError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -22,6 +23,60 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack", ".onnx", ".ot", "
 # Texts per tokenizer call: large enough that the Rust tokenizer's batch parallelism pays off,
 # small enough that the intermediate Python lists stay modest for SST-2-sized splits.
 _CHUNK_SIZE = 8192
+
+
+# Files that hold a vocabulary; a model folder with none of them has no tokenizer: transformers would
+# then build one of the five special tokens from config.json alone, and every word would be [UNK].
+VOCABULARY_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "sentencepiece.bpe.model",
+    "spiece.model",
+    "tokenizer.model",
+)
+# What a tokenizer is loaded from (VOCABULARY_FILES and their settings): what a workdir's binding
+# fingerprints, since the same data tokenized otherwise is other input.
+TOKENIZER_FILES = (
+    *VOCABULARY_FILES,
+    "merges.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+)
+
+
+def check_tokenizer_files(model_dir: str | Path) -> None:
+    """Refuses a model folder without a vocabulary file (DataError naming the folder)."""
+    model_dir = Path(model_dir)
+    if not any((model_dir / name).is_file() for name in VOCABULARY_FILES):
+        raise DataError(
+            f"{model_dir}: no tokenizer files (none of {', '.join(VOCABULARY_FILES)}); without them every "
+            "word would be [UNK]. Copy the tokenizer files of the model the weights came from into the folder"
+        )
+
+
+def check_ids_fit(model_dir: str | Path, vocab_size: int, arrays: dict[str, dict[str, np.ndarray]]) -> None:
+    """Refuses token ids beyond the encoder's embedding table (`vocab_size` rows): the tokenizer files
+    belong to another model than the weights (DataError naming the folder and the split)."""
+    for split, split_arrays in arrays.items():
+        ids = split_arrays["input_ids"]
+        if ids.size and int(ids.max()) >= vocab_size:
+            raise DataError(
+                f"{model_dir}: its tokenizer gives token id {int(ids.max())} on the {split} split, but the "
+                f"encoder's embedding table has {vocab_size} rows (vocab_size in config.json): the tokenizer "
+                "files and the weights come from different models"
+            )
+
+
+def tokenizer_fingerprint(model_dir: str | Path) -> dict[str, str]:
+    """{file name: sha256} of the folder's TOKENIZER_FILES."""
+    model_dir = Path(model_dir)
+    return {
+        name: hashlib.sha256((model_dir / name).read_bytes()).hexdigest()
+        for name in TOKENIZER_FILES
+        if (model_dir / name).is_file()
+    }
 
 
 class Tokenizer:
@@ -37,6 +92,7 @@ class Tokenizer:
     def loaded(self) -> "PreTrainedTokenizerBase":
         from transformers import AutoTokenizer
 
+        check_tokenizer_files(self.model_dir)  # a finished run's folder may have lost them since
         return AutoTokenizer.from_pretrained(str(self.model_dir), use_fast=True)
 
     @functools.cached_property

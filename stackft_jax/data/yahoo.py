@@ -226,6 +226,7 @@ class YahooTask(SentenceTask):
 
     topics: tuple[str, ...] = TOPICS  # label order
     dev_fraction: float = 0.0
+    data_keys: tuple[str, ...] = ("classes", "dev_fraction", "truncation")
 
     def configure(self, data_config: Mapping[str, Any]) -> "YahooTask":
         topics = parse_classes(data_config["classes"])

@@ -22,6 +22,7 @@ from stackft_jax.data import metrics
 from stackft_jax.models import objectives
 from stackft_jax.runtime import cli_errors
 from stackft_jax.training import prediction_files
+from stackft_jax.training import workdirs as workdirs_module  # `workdirs` names the runs here
 
 WEIGHT_RULES = ("equal", "dev")
 GRID_STEPS = 10  # dev weights are multiples of 1 / GRID_STEPS
@@ -113,6 +114,7 @@ def check_out(out: str | Path, workdirs: Sequence[str | Path]) -> None:
     members = {Path(w).resolve() for w in workdirs}
     if out.resolve() in members:
         raise EnsembleError(f"--out={out} is one of the --workdirs; choose a new folder for the ensemble")
+    workdirs_module.refuse_run_target("out", out)
     if not out.exists():
         return
     if not out.is_dir():

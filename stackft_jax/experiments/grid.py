@@ -250,7 +250,15 @@ def reuse_run(plan: GridPlan, run: Run, sources: list[Path]) -> Path | None:
     it (`<run>.replaced-<time>`)."""
     from stackft_jax.training import workdirs
 
-    match = next((d for d in _finished_runs(sources) if finished(d, plan.specs[run])), None)
+    candidates = [d for d in _finished_runs(sources) if finished(d, plan.specs[run])]
+    match = None
+    for candidate in candidates:
+        changes = workdirs.input_changes(candidate, plan.specs[run])
+        if not changes:
+            match = candidate
+            break
+        log.warning("grid run %s: not reusing %s, scored on other input (%s); training it here", run.name,
+                    candidate, changes[0])  # fmt: skip
     if match is None:
         return None
     target = plan.workdir / "runs" / run.name
@@ -288,42 +296,63 @@ def run_grid(
     shards) is finished.
     A run that another live process is training (its workdir lock) is left to it: several single-host
     processes over one workdir each take the next free run, so they share a grid without --shard."""
-    plan = plan_grid(grid, workdir, allow_config_change=allow_config_change)
     import jax
 
-    from stackft_jax.runtime import compilation_cache
-    from stackft_jax.training import train, workdirs
-
-    index, count = shard
-    runs, specs = plan.runs, plan.specs
     sources = [Path(s) for s in reuse_runs_from]
-    _finished_runs(sources)  # a mistyped source fails before any run
+    _finished_runs(sources)  # a mistyped source fails before any run, and before the workdir is bound
     if sources and jax.process_count() > 1:  # hosts must agree on every run they skip
         raise ConfigError(
             "--reuse_runs_from is single-host: the hosts of a multi-host grid would each copy and skip runs "
             "on their own"
         )
+    plan = plan_grid(grid, workdir, allow_config_change=allow_config_change)
+    from stackft_jax.runtime import compilation_cache
+    from stackft_jax.training import train, workdirs
+
+    index, count = shard
+    runs, specs = plan.runs, plan.specs
+    if not allow_config_change:  # with it, such a run retrains: train.run sets its old progress aside
+        check_inputs(plan.workdir, runs, specs)
     # The cells share their shapes: a cell's later seeds (and a resumed grid) compile nothing.
     compilation_cache.enable(specs[runs[0]].compilation_cache_dir)
     for position, run in enumerate(runs):
         run_dir = plan.workdir / "runs" / run.name
         if shard_of(position, count) != index:
             continue
-        # Looked up when the run's turn comes: the other grid may have finished it since this one started.
-        if not finished(run_dir, specs[run]) and not (sources and reuse_run(plan, run, sources)):
+        # A finished run stays unless the data or tokenizer files it read changed since (check_inputs
+        # refused that above, so here it is --allow_config_change: it trains again, its old progress
+        # set aside). Reuse is looked up when the run's turn comes: the other grid may have finished it.
+        done = finished(run_dir, specs[run]) and not workdirs.input_changes(run_dir, specs[run])
+        if not done and not (sources and reuse_run(plan, run, sources)):
             log.info("grid run %d/%d: %s", position + 1, len(runs), run.name)
             try:
                 train.run(specs[run], run_dir, allow_config_change=allow_config_change)
             except workdirs.WorkdirInUse as error:
-                if (
-                    jax.process_count() > 1
-                ):  # every host must take the same runs: a multi-host grid uses --shard
+                if jax.process_count() > 1:  # every host takes the same runs: a multi-host grid uses --shard
                     raise
                 log.info("grid run %s is another process's (%s); taking the next", run.name, error)
                 continue
         if jax.process_index() == 0:  # a grid's runs are committed one by one: their predictions compressed
             prediction_files.compress(run_dir)
     return all(finished(plan.workdir / "runs" / run.name, specs[run]) for run in runs)
+
+
+def check_inputs(workdir: Path, runs: Sequence[Run], specs: Mapping[Run, "RunSpec"]) -> None:
+    """Refuses a grid whose finished runs read other data or tokenizer files than the grid names now
+    (ConfigMismatch naming the run and the file): their scores would be reported beside runs of the new
+    content, against the new majority baseline."""
+    from stackft_jax.training import workdirs
+
+    for run in runs:
+        run_dir = Path(workdir) / "runs" / run.name
+        if not (run_dir / "results.json").is_file():
+            continue
+        changes = workdirs.input_changes(run_dir, specs[run])
+        if changes:
+            raise workdirs.ConfigMismatch(
+                f"grid run {run.name}: {changes[0]}; its results come from the old content. Restore it, "
+                "use a new grid workdir, or pass --allow_config_change to retrain such runs"
+            )
 
 
 FINISHED, STARTED, NOT_STARTED = "finished", "started", "not started"

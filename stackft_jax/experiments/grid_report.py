@@ -111,6 +111,8 @@ class RunResult:
 def load_runs(grid: ml_collections.ConfigDict, workdir: str | Path) -> list[RunResult]:
     """Every run of the grid, read back with its resolved spec's task; a missing or unfinished run is an
     error naming it."""
+    from stackft_jax.training import workdirs  # imports jax: not at module level
+
     loaded = []
     for run in runs_of(grid):
         run_dir = Path(workdir) / "runs" / run.name
@@ -118,19 +120,30 @@ def load_runs(grid: ml_collections.ConfigDict, workdir: str | Path) -> list[RunR
         if not results_file.exists():
             raise FileNotFoundError(f"{results_file}: run {run.name} has not finished; rerun the grid")
         results = json.loads(results_file.read_text())
-        task = run_spec(grid, run, recorded=True).task  # the report needs no data file
+        resolved = run_spec(grid, run, recorded=True)
+        task = resolved.task  # the report needs no data file
+        changes = workdirs.input_changes(run_dir, resolved)
+        if changes:  # its scores are not comparable with the baseline of the files now
+            raise workdirs.ConfigMismatch(
+                f"grid run {run.name}: {changes[0]}; its results come from the old content: restore it, "
+                "or rerun the grid with --allow_config_change to retrain such runs"
+            )
         loaded.append(RunResult(run, results, run_dir, run_dir / "metrics.jsonl", task))
     return loaded
 
 
 def _write_ensemble(out: Path, ensembled: dict[str, Any]) -> None:
     # Staged beside and renamed into place file by file: two shards finishing at once may both write it.
+    # Its predictions compressed, as the grid's runs' are (committed with them).
     staging = out.with_name(f"{out.name}.{os.getpid()}.tmp")
     ensembling.write(staging, ensembled)
+    prediction_files.compress(staging)
     for file in sorted(f for f in staging.rglob("*") if f.is_file()):
         target = out / file.relative_to(staging)
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(file, target)
+        if target.suffix == prediction_files.COMPRESSED:
+            target.with_suffix("").unlink(missing_ok=True)  # a plain copy an older report wrote
     shutil.rmtree(staging)
 
 

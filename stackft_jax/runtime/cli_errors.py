@@ -8,7 +8,7 @@ is printed, with a line saying so.
 Exit statuses (README, Troubleshooting):
     0    done
     1    data or model: a data file, model folder or checkpoint the run cannot use; a non-finite loss;
-         a full disk; a run stopped by SIGTERM (saved: rerun the same command to resume)
+         a full disk; a read-only folder; a run stopped by SIGTERM (saved: rerun the same command to resume)
     2    usage or config: a flag, config key or grid; a workdir bound to another config or data, or in
          use; an output folder the command did not create
     70   a bug in stackft_jax (the traceback is printed)
@@ -65,6 +65,18 @@ def refuse_to_replace(flag: str, path: str | Path, *, overwrite: bool) -> None:
         raise UsageError(f"--{flag}={path} exists and is not empty: pass --overwrite to replace it")
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing with a mistyped or malformed flag as one `error:` line and exit 2 (absl's
+    own parser exits 1, the status of a data error)."""
+    from absl import flags
+
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as error:
+        print(f"error: {error} (--help lists the flags)", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
 def exit_code_of(error: BaseException) -> int | None:
     """The exit status of a user's mistake, or None for a bug."""
     from absl import app
@@ -80,6 +92,8 @@ def exit_code_of(error: BaseException) -> int | None:
         return EXIT_DATA
     if _disk_full(error) is not None:
         return EXIT_DATA
+    if isinstance(error, PermissionError) or (isinstance(error, OSError) and error.errno == errno.EROFS):
+        return EXIT_DATA  # a read-only folder or file the command was pointed at
     return None
 
 
@@ -100,6 +114,11 @@ def _disk_full(error: BaseException) -> str | None:
     return None
 
 
+def disk_full(error: BaseException) -> bool:
+    """Whether `error` (or what caused it) is a full disk."""
+    return _disk_full(error) is not None
+
+
 def message_of(error: BaseException) -> str:
     from absl import app
 
@@ -113,6 +132,8 @@ def message_of(error: BaseException) -> str:
         return f"the disk is full{where}; free space, then {RESUME_HINT}"
     if isinstance(error, FileNotFoundError) and error.filename:  # raised by the OS, not by a check
         return f"no such file or folder: {error.filename}"
+    if isinstance(error, OSError) and exit_code_of(error) == EXIT_DATA and error.filename:
+        return f"{error.filename}: {error.strerror} (check its permissions, or choose another path)"
     return str(error)
 
 

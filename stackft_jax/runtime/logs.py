@@ -14,6 +14,7 @@
 import logging
 import sys
 import types
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +56,27 @@ def _install_orphan_filters() -> None:
 
 def _not_a_relayed_orbax_error(record: logging.LogRecord) -> bool:
     """Orbax logs a background write's exception, traceback and all, and raises it again in the thread
-    that waits for the write, where the command's boundary reports it: the log is a duplicate."""
-    return not ("orbax" in record.pathname and "raised an exception" in record.getMessage())
+    that waits for the write, where the command's boundary reports it: the log is a duplicate. So are
+    its logs of a full disk under async checkpointing ("Failed to run ... Commit operations", "Save
+    Finalize thread ... failed", each with the tensorstore traceback): the boundary's one line says it."""
+    from stackft_jax.runtime import cli_errors
+
+    if "orbax" not in record.pathname:
+        return True
+    if "raised an exception" in record.getMessage():
+        return False
+    error = record.exc_info[1] if record.exc_info else None
+    return error is None or not cli_errors.disk_full(error)
+
+
+def _not_an_item_without_metadata(record: logging.LogRecord) -> bool:
+    """Restoring one item of a checkpoint (checkpointing.read_phase_end reads `<phase_end>/params`) makes
+    orbax look for checkpoint metadata in the item's folder, where it never is, and warn: the metadata
+    is one level up. Dropped when it is there, so a healthy checkpoint restores without a warning."""
+    if "orbax" not in record.pathname or not str(record.msg).startswith("Metadata file does not exist"):
+        return True
+    missing = Path(str(record.args[0])) if record.args else None
+    return missing is None or not (missing.parent.parent / missing.name).exists()
 
 
 def setup() -> None:
@@ -65,4 +85,5 @@ def setup() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_not_a_relayed_orbax_error)
+        handler.addFilter(_not_an_item_without_metadata)
     _install_orphan_filters()

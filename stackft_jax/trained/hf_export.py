@@ -15,6 +15,7 @@ import numpy as np
 
 from stackft_jax.runtime.cli_errors import UsageError, refuse_to_replace
 from stackft_jax.trained import opening
+from stackft_jax.training import workdirs
 
 TASK_MODEL_DIR = "transformers_task_model"
 # transformers' class-name stem per config.json model_type.
@@ -153,6 +154,7 @@ def write(
         save_file(tensors, str(sub / "model.safetensors"))
         _copy_tokenizer(source.model_dir, sub)
     results = source.results or {}
+    scores, scores_from = exported_scores(source, results)
     describe = source.task.describe()
     head = source.run_spec.head  # the chosen head's block only
     record = {
@@ -168,20 +170,44 @@ def write(
             {k: r.get(k) for k in ("phase", "steps", "stop_reason", "learning_rates")}
             for r in results.get("phases", [])
         ],
-        "final": results.get("final"),
+        "final": scores,  # the exported parameters' own recorded scores (None: none recorded)
+        "final_from": scores_from,
         "transformers_task_model": task_model[0] if isinstance(task_model, tuple) else None,
         "transformers_task_model_why_not": None if isinstance(task_model, tuple) else task_model,
         "config": _export_config(source),
         # What opening.open_export hands on as the run's results (predict's record of where it came from).
         "run": {
             "final_params": loaded.which,
-            "final": results.get("final"),
+            "final": scores,
             "phases": results.get("phases", []),
         },
     }
     (folder / opening.HEAD_CONFIG).write_text(json.dumps(record, indent=2) + "\n")
     (folder / "README.md").write_text(model_card(record, name or folder.name))
     return record
+
+
+def exported_scores(source: opening.Source, results: dict[str, Any]) -> tuple[dict | None, str]:
+    """The recorded scores of the parameters exported, and where they come from: the run's `final` when
+    it scored these parameters; a phase's end: that phase's boundary evaluation; best: the best
+    checkpoint's evaluation; last of a run that scored its best: the last phase's boundary. Never another
+    set of parameters' scores (None when none was recorded)."""
+    phase_records = {r.get("phase"): r for r in results.get("phases", [])}
+
+    def boundary(name: str | None) -> dict | None:
+        dev = ((phase_records.get(name) or {}).get("boundary") or {}).get("dev")
+        return {"dev": dev} if dev else None
+
+    if source.phase is not None:
+        return boundary(source.phase), f"the end of {source.phase} (its boundary evaluation)"
+    scored = "best" if str(results.get("final_params", "last")).startswith("best") else "last"
+    if source.params == scored:
+        return results.get("final"), "the run's `results.json` `final`"
+    if source.params == "best":
+        dev = (results.get("best") or {}).get("dev")
+        return ({"dev": dev} if dev else None), "the best checkpoint's dev evaluation"
+    last = results["phases"][-1].get("phase") if results.get("phases") else None
+    return boundary(last), "the end of the last phase (its boundary evaluation)"
 
 
 def model_card(record: dict[str, Any], name: str) -> str:
@@ -219,11 +245,11 @@ A BERT-family encoder fine-tuned with stackft_jax on the task `{task["name"]}` (
 
 The run's whole config is `config` in `head_config.json`; its workdir was `{record["source"]}`.
 
-## Results (the run's `results.json` `final`)
+## Results ({record["final_from"]})
 
 | split | scores |
 | --- | --- |
-{scores}
+{scores or "| - | none recorded |"}
 
 ## Use
 
@@ -252,7 +278,14 @@ def export(source: opening.Source, out: str | Path, *, overwrite: bool = False) 
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out={out} is a file: an export is a folder")
+    workdirs.refuse_run_target("out", out)
     refuse_to_replace("out", out, overwrite=overwrite)
+    if out.is_dir() and any(out.iterdir()) and not (out / opening.HEAD_CONFIG).is_file():
+        # --overwrite replaces an earlier export, never a folder of something else.
+        raise UsageError(
+            f"--out={out} holds files that are no export (no {opening.HEAD_CONFIG}); --overwrite "
+            "replaces only an earlier export: choose a new folder"
+        )
     loaded = source.load()
     if jax.process_index() != 0:
         return None

@@ -109,10 +109,10 @@ class Predictor:
 
 def stream(
     predictor: Predictor, lines: IO[str], write: Callable[[dict[str, Any]], None], *, source: str = "<stdin>"
-) -> None:
+) -> int:
     """Answers lines as they come: each prediction takes the lines already waiting (up to a batch), so
     a person typing sees each answer at once and a pipe still fills batches. A bad line is reported on
-    stderr and skipped."""
+    stderr and skipped; returns how many were."""
     waiting: queue.Queue[str | None] = queue.Queue()
 
     def read() -> None:
@@ -121,7 +121,7 @@ def stream(
         waiting.put(None)
 
     threading.Thread(target=read, daemon=True).start()
-    number, index, done = 0, 0, False
+    number, index, done, refused = 0, 0, False, 0
     while not done:
         chunk = [waiting.get()]
         while chunk[-1] is not None and len(chunk) < predictor.global_batch_size and not waiting.empty():
@@ -139,6 +139,8 @@ def stream(
                 index += 1
             except ValueError as error:
                 print(f"error: {error}", file=sys.stderr, flush=True)
+                refused += 1
         if examples:
             for record in predictor.predict(examples, progress=False).records:
                 write(record)
+    return refused

@@ -85,6 +85,10 @@ def open_workdir(workdir: str | Path, *, params: str | None = None, phase: str |
     workdir = Path(workdir)
     if not workdir.is_dir():
         raise FileNotFoundError(f"--workdir={workdir}: no such folder")
+    if (workdir / HEAD_CONFIG).is_file():
+        raise UsageError(
+            f"--workdir={workdir} is an export, not a run's workdir: pass it as --model={workdir}"
+        )
     run_spec = run_params.recorded_spec(workdir)
     results_file = workdir / "results.json"
     results = json.loads(results_file.read_text()) if results_file.is_file() else None
@@ -135,10 +139,17 @@ def open_export(folder: str | Path) -> Source:
         raise FileNotFoundError(
             f"--model={folder}: not an export of stackft_jax.export (no {HEAD_CONFIG} and {HEAD_WEIGHTS})"
         )
-    record = json.loads(head_config.read_text())
-    config = spec.config_from_plain(record["config"])
+    try:
+        record = json.loads(head_config.read_text())
+        config = spec.config_from_plain(record["config"])
+        run = record["run"]
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise DataError(
+            f"{head_config}: not a readable export record ({type(error).__name__}: {error}); the file is "
+            "damaged or truncated: export the run again"
+        ) from None
     config.model.name_or_path = str(folder)  # the record says "." (hf_export): the folder itself
-    return Source(folder, spec.resolve(config, recorded=True), True, "last", None, record["run"])
+    return Source(folder, spec.resolve(config, recorded=True), True, "last", None, run)
 
 
 def flat_head(head: dict[str, Any]) -> dict[str, Any]:
@@ -154,7 +165,13 @@ def _read_head(path: Path, like: dict[str, Any]) -> dict[str, Any]:
     a name missing on either side or a shape that differs is an error naming it."""
     from safetensors.numpy import load_file
 
-    stored = load_file(str(path))
+    try:
+        stored = load_file(str(path))
+    except Exception as error:  # noqa: BLE001 - safetensors raises its own error types for damage
+        raise DataError(
+            f"{path}: cannot read the head's weights ({error}); the file is damaged or truncated: export "
+            "the run again"
+        ) from None
     expected = flat_head(like)
     if set(stored) != set(expected):
         missing, extra = sorted(set(expected) - set(stored)), sorted(set(stored) - set(expected))

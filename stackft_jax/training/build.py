@@ -13,10 +13,12 @@ import ml_collections
 from flax import nnx
 
 from stackft_jax.config.spec import RunSpec
+from stackft_jax.data import tokenization
 from stackft_jax.data.task_spec import TaskSpec
 from stackft_jax.models import bert
 from stackft_jax.models.task_model import TaskModel
 from stackft_jax.runtime import sharding
+from stackft_jax.runtime.cli_errors import UsageError
 
 _DROPOUT_KEYS = {"hidden_dropout_prob", "attention_probs_dropout_prob"}
 
@@ -67,11 +69,13 @@ def initial_model(
 
 def resolve_encoder(run_spec: RunSpec) -> tuple[Path, bert.BertConfig]:
     """The model folder `model.name_or_path` names and its encoder config (`backbone_config`); refuses a
-    `max_seq_length` longer than the encoder's position embeddings hold."""
+    folder without tokenizer files and a `max_seq_length` longer than the encoder's position embeddings
+    hold."""
     model_dir = bert.resolve_model_dir(run_spec.model.name_or_path)
     encoder = backbone_config(run_spec, model_dir)
+    tokenization.check_tokenizer_files(model_dir)
     if run_spec.max_seq_length > encoder.max_sequence_length:
-        raise ValueError(
+        raise UsageError(
             f"config.max_seq_length={run_spec.max_seq_length} exceeds the {encoder.max_sequence_length} "
             f"tokens the model in {model_dir} holds (max_position_embeddings="
             f"{encoder.max_position_embeddings} in its config.json)"

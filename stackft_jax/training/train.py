@@ -20,6 +20,7 @@ from stackft_jax.config import phases, spec
 from stackft_jax.config.spec import RunSpec
 from stackft_jax.data import batching, task_spec, tokenization
 from stackft_jax.runtime import sharding, timing
+from stackft_jax.runtime.cli_errors import UsageError
 from stackft_jax.training import (
     build,
     checkpointing,
@@ -59,7 +60,12 @@ def run(
             "a workdir to a bucket with BACKUP_URL)"
         )
     workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    if workdir.exists() and not workdir.is_dir():
+        raise UsageError(f"--workdir={workdir} is a file: a workdir is a folder (give a new path)")
+    build.resolve_encoder(run_spec)  # the model folder's checks (tokenizer, positions) before any write
+    workdir.mkdir(parents=True, exist_ok=True)  # a read-only parent: one line (cli_errors, PermissionError)
+    if not os.access(workdir, os.W_OK):
+        raise UsageError(f"--workdir={workdir} is not writable: the run writes its checkpoints there")
     mesh = sharding.make_mesh()
     global_batch = sharding.global_batch_size(run_spec.per_device_batch_size, mesh)
     with workdirs.exclusive(workdir):
@@ -123,9 +129,10 @@ def _set_up(
 ) -> tuple[loop.Context, Any, list[phases.Phase]]:
     """What every phase shares, the model's initial parameters and the phase plan (every phase's rules
     checked against the parameters before the first one trains)."""
-    model_dir, _ = build.resolve_encoder(run_spec)
+    model_dir, encoder = build.resolve_encoder(run_spec)
     with timer.phase("data"):
         datasets = _load_datasets(run_spec, tokenization.load_tokenizer(model_dir))
+    tokenization.check_ids_fit(model_dir, encoder.vocab_size, {k: d.arrays for k, d in datasets.items()})
     with timer.phase("model_load"):
         graphdef, params, bert_config = build.initial_model(run_spec, model_dir, mesh)
 

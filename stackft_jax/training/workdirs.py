@@ -16,6 +16,7 @@ differing keys or the file. A grid workdir is bound to its grid config the same 
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -35,6 +36,7 @@ from stackft_jax.runtime import cli_errors
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
+DATA_FILE = "data_files.json"
 HISTORY_FILE = "config_history.jsonl"
 # Keys of the record that change how a run is watched or stored, never what it computes: they may
 # differ on a rerun.
@@ -105,6 +107,47 @@ PROGRESS = ("checkpoints", "metrics.jsonl", "results.json", "predictions", "feat
 
 def holds_progress(workdir: Path) -> bool:
     return any((workdir / name).exists() for name in PROGRESS)
+
+
+def _is_run_workdir(folder: Path) -> bool:
+    """A run's workdir: its binding (config.json holding `config` and `global_batch_size`, which an
+    encoder's config.json never has), or its fingerprints, or a results.json holding its config."""
+    if (folder / DATA_FILE).is_file():
+        return True
+    for name, keys in (
+        (CONFIG_FILE, ("config", "global_batch_size")),
+        ("results.json", ("config", "phases")),
+    ):
+        try:
+            record = json.loads((folder / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and all(key in record for key in keys):
+            return True
+    return False
+
+
+def run_holding(path: str | Path) -> Path | None:
+    """The run or grid workdir that `path` is or lies inside (None: none): what export, predict and
+    ensemble must never write into, whatever --overwrite says, since a run's files are read by its
+    resume, ensembles and grid reports."""
+    target = Path(path).expanduser().resolve()
+    for folder in (target, *target.parents):
+        if folder.is_dir() and (_is_run_workdir(folder) or (folder / GRID.config_file).is_file()):
+            return folder
+    return None
+
+
+def refuse_run_target(flag: str, path: str | Path) -> None:
+    """Refuses `--flag=path` inside a run's (or a grid's) workdir (UsageError naming it)."""
+    run = run_holding(path)
+    if run is not None:
+        where = "is" if run == Path(path).expanduser().resolve() else "is inside"
+        what = "grid" if (run / GRID.config_file).is_file() and not _is_run_workdir(run) else "run"
+        raise cli_errors.UsageError(
+            f"--{flag}={path} {where} the workdir of the {what} {run}; a command never writes into a "
+            f"{what}'s folder (even with --overwrite): choose a path outside it"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,8 +233,14 @@ def bind_config(
 RESTARTING_PREFIXES = ("config.strategy", "config.phases.", "config.unfreezing.")
 
 
-def restarts(differences: Mapping[str, tuple]) -> bool:
-    return any(key == p or key.startswith(p) for key in differences for p in RESTARTING_PREFIXES)
+def restarting_keys(differences: Mapping[str, tuple]) -> list[str]:
+    """The differing keys that make another phase plan, the strategy first (what the user changed;
+    the phase keys follow from it)."""
+    rank = {p: i for i, p in enumerate(RESTARTING_PREFIXES)}
+    found = [
+        (rank[p], key) for key in differences for p in RESTARTING_PREFIXES if key == p or key.startswith(p)
+    ]
+    return [key for _, key in sorted(found)]
 
 
 def set_aside_progress(workdir: Path, reason: str) -> Path | None:
@@ -210,45 +259,122 @@ def set_aside_progress(workdir: Path, reason: str) -> Path | None:
     return target
 
 
-DATA_FILE = "data_files.json"
-
-
 def _fingerprint(path: Path, recorded: Mapping[str, Any] | None) -> dict[str, Any]:
     """Size, mtime and sha256 of a file; an unchanged size and mtime reuse the recorded hash."""
     stat = path.stat()
     if recorded and recorded.get("bytes") == stat.st_size and recorded.get("mtime_ns") == stat.st_mtime_ns:
         return dict(recorded)
+    digest = _sha256(str(path), stat.st_size, stat.st_mtime_ns)
+    return {"path": str(path), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest}
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    """Keyed by size and mtime too: a grid checks one file for each of its runs, hashing it once."""
+    del size, mtime_ns
     h = hashlib.sha256()
-    with path.open("rb") as f:
+    with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
-    return {"path": str(path), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": h.hexdigest()}
+    return h.hexdigest()
 
 
-def bind_data(workdir: Path, files: Mapping[str, str], *, allow_change: bool) -> None:
-    """Records a fingerprint of each split file (`{"data.dev_file": path}`) on the first run; a rerun
-    over a file whose content changed is refused, naming it, unless `allow_change` or no progress yet:
-    the run's checkpoints, best and metrics came from the old content."""
-    workdir = Path(workdir)
-    path = workdir / DATA_FILE
-    recorded = json.loads(path.read_text()) if path.exists() else {}
-    current = {
+TOKENIZER_KEY = "tokenizer"  # data_files.json's entry for the model folder's tokenizer files
+
+
+def _tokenizer_record(model_dir: Path) -> dict[str, Any]:
+    from stackft_jax.data import tokenization
+
+    return {"path": str(model_dir), "files": tokenization.tokenizer_fingerprint(model_dir)}
+
+
+def current_fingerprints(
+    files: Mapping[str, str], model_dir: Path | None, recorded: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """What data_files.json records for these split files (`{"data.dev_file": path}`) and the tokenizer
+    of `model_dir`: the input a run's results come from."""
+    recorded = recorded or {}
+    current: dict[str, Any] = {
         key: _fingerprint(Path(file), recorded.get(key))
         for key, file in files.items()
         if file and Path(file).is_file()
     }
-    if not allow_change and holds_progress(workdir):
-        for key, now in current.items():
-            old = recorded.get(key)
-            if old and old["path"] == now["path"] and old["sha256"] != now["sha256"]:
-                raise ConfigMismatch(
-                    f"config.{key} = {now['path']!r} changed since this workdir's run read it "
-                    f"({old['bytes']} -> {now['bytes']} bytes, sha256 {old['sha256'][:12]} -> "
-                    f"{now['sha256'][:12]}); its checkpoints and metrics come from the old content. "
-                    "Restore the file, use a new --workdir, or pass --allow_config_change to go on."
+    if model_dir is not None:
+        current[TOKENIZER_KEY] = _tokenizer_record(model_dir)
+    return current
+
+
+def fingerprint_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """One line per input whose content differs from its record. A file at another path is another
+    config (compared there); a record without a tokenizer entry predates it and is accepted."""
+    changes = []
+    for key, now in current.items():
+        old = recorded.get(key)
+        if not old:
+            continue
+        if key == TOKENIZER_KEY:
+            if old.get("files") != now["files"]:
+                differing = sorted(
+                    name
+                    for name in old["files"].keys() | now["files"].keys()
+                    if old["files"].get(name) != now["files"].get(name)
                 )
+                changes.append(
+                    f"the tokenizer files of {now['path']} ({', '.join(differing)}) changed since this "
+                    "workdir's run tokenized its data"
+                )
+        elif old["path"] == now["path"] and old["sha256"] != now["sha256"]:
+            changes.append(
+                f"config.{key} = {now['path']!r} changed since this workdir's run read it "
+                f"({old['bytes']} -> {now['bytes']} bytes, sha256 {old['sha256'][:12]} -> "
+                f"{now['sha256'][:12]})"
+            )
+    return changes
+
+
+def read_fingerprints(workdir: Path) -> dict[str, Any]:
+    path = Path(workdir) / DATA_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def input_changes(workdir: Path, run_spec: RunSpec) -> list[str]:
+    """How the data and tokenizer files `run_spec` names now differ from those the finished run in
+    `workdir` recorded (data_files.json); [] when they match or it recorded none. Reads only. A grid asks
+    this of every finished or reused run: results scored on other input must not be reported or copied
+    as this grid's."""
+    recorded = read_fingerprints(workdir)
+    folder = None
+    if TOKENIZER_KEY in recorded:  # runs recorded before tokenizer fingerprints never resolve the model
+        try:
+            folder = model_dir(run_spec)
+        except (OSError, ValueError):  # no such folder now: training would say so
+            folder = None
+    return fingerprint_changes(recorded, current_fingerprints(data_files(run_spec), folder, recorded))
+
+
+def bind_data(
+    workdir: Path, files: Mapping[str, str], *, allow_change: bool, model_dir: Path | None = None
+) -> None:
+    """Records a fingerprint of each split file (`{"data.dev_file": path}`) and of the tokenizer files of
+    `model_dir` on the first run; a rerun over changed content is refused, naming it, unless no progress
+    yet: the run's checkpoints, best and metrics came from the old input. With `allow_change` the old
+    progress is set aside (replaced-<time>/) and the old record goes to the config history, as for a
+    change of strategy: nothing of the old input is mixed with the new."""
+    workdir = Path(workdir)
+    recorded = read_fingerprints(workdir)
+    current = current_fingerprints(files, model_dir, recorded)
+    changes = fingerprint_changes(recorded, current) if holds_progress(workdir) else []
+    if changes and not allow_change:
+        raise ConfigMismatch(
+            f"{changes[0]}; its checkpoints and metrics come from the old content. Restore it, use a new "
+            "--workdir, or pass --allow_config_change to start over on the new content"
+        )
+    if changes and jax.process_index() == 0:
+        with (workdir / HISTORY_FILE).open("a") as f:
+            f.write(json.dumps({"replaced_at": time.time(), DATA_FILE: recorded}) + "\n")
+        set_aside_progress(workdir, f"--allow_config_change over changed input: {changes[0]}")
     if current != recorded and jax.process_index() == 0:
-        _write_json_atomically(path, current)
+        _write_json_atomically(workdir / DATA_FILE, current)
 
 
 def bind_run(workdir: Path, run_spec: RunSpec, *, global_batch_size: int, allow_change: bool) -> None:
@@ -272,10 +398,20 @@ def bind_run(workdir: Path, run_spec: RunSpec, *, global_batch_size: int, allow_
         return {**form, "global_batch_size": r.get("global_batch_size")}
 
     changed = bind_config(workdir, record, allow_change=allow_change, compare=binding)
-    if restarts(changed):  # another phase plan: the old one's checkpoints and best go
-        set_aside_progress(workdir, f"--allow_config_change changed {sorted(changed)[0]}")
-    data_files = {f"data.{split}_file": run_spec.data.file(split) for split in spec.SPLITS}
-    bind_data(workdir, data_files, allow_change=allow_change)
+    restarting = restarting_keys(changed)
+    if restarting:  # another phase plan: the old one's checkpoints and best go
+        set_aside_progress(workdir, f"--allow_config_change changed {restarting[0]}")
+    bind_data(workdir, data_files(run_spec), allow_change=allow_change, model_dir=model_dir(run_spec))
+
+
+def data_files(run_spec: RunSpec) -> dict[str, str]:
+    return {f"data.{split}_file": run_spec.data.file(split) for split in spec.SPLITS}
+
+
+def model_dir(run_spec: RunSpec) -> Path:
+    from stackft_jax.models import bert
+
+    return bert.resolve_model_dir(run_spec.model.name_or_path)
 
 
 @contextlib.contextmanager
