@@ -132,7 +132,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 @cli_errors.guarded  # a user's mistake: one line and its exit status (cli_errors.py)
 def main(argv: list[str]) -> None:
-    from stackft_jax.experiments import grid_report
+    from stackft_jax.experiments import grid_report  # scipy, statsmodels, deepsig: only this command
     from stackft_jax.runtime import logs
 
     if len(argv) > 1:

@@ -42,7 +42,7 @@ def main(argv: list[str]) -> None:
         raise UsageError(f"unexpected arguments: {argv[1:]}")
     if not FLAGS.workdir or not FLAGS.out:
         raise UsageError("--workdir and --out are required")
-    from stackft_jax.runtime import logs, xla_flags
+    from stackft_jax.runtime import logs, xla_flags  # after the flags: a mistake answers at once
 
     logs.setup()
     xla_flags.apply_cpu_defaults()

@@ -80,7 +80,10 @@ def main(argv: list[str]) -> None:
     xla_flags.apply_cpu_defaults()  # before JAX starts a backend
     import jax
 
-    from stackft_jax.runtime import distributed, logs
+    from stackft_jax.runtime import (  # after the flags: a mistake answers before the heavy imports
+        distributed,
+        logs,
+    )
 
     if FLAGS.distributed or FLAGS.coordinator_address:
         try:
@@ -95,7 +98,7 @@ def main(argv: list[str]) -> None:
 
     from stackft_jax.config import spec
     from stackft_jax.runtime import compilation_cache
-    from stackft_jax.training import train
+    from stackft_jax.training import train  # jax, flax, orbax: only once the config is valid
 
     # Every check, once, before any work: values out of range or choice, task x head x stop rule,
     # missing files; named in one line, no traceback.

@@ -52,7 +52,7 @@ def _check_target(flag: str, path: str | None) -> None:
     if path and path != STDIN:
         if Path(path).is_dir():
             raise UsageError(f"--{flag}={path} is a folder: name a file")
-        from stackft_jax.training import workdirs
+        from stackft_jax.training import workdirs  # flax; only for a target that exists
 
         workdirs.refuse_run_target(flag, path)  # a run's predictions feed its ensembles and reports
         cli_errors.refuse_to_replace(flag, path, overwrite=FLAGS.overwrite)
@@ -73,7 +73,7 @@ def _check_distinct_files() -> None:
 
 
 def _open_source():
-    from stackft_jax.trained import opening
+    from stackft_jax.trained import opening  # orbax and flax: after the flags are checked
 
     if bool(FLAGS.workdir) == bool(FLAGS.model):
         raise UsageError("give one of --workdir (a run) or --model (an export)")
@@ -92,7 +92,7 @@ def main(argv: list[str]) -> None:
         raise UsageError(f"unexpected arguments: {argv[1:]}")
     if not FLAGS.input or not FLAGS.output:
         raise UsageError("--input and --output are required (- for stdin / stdout)")
-    from stackft_jax.runtime import logs, xla_flags
+    from stackft_jax.runtime import logs, xla_flags  # after the flags: a mistake answers at once
 
     if FLAGS.per_device_batch_size is not None and FLAGS.per_device_batch_size < 1:
         raise UsageError(
@@ -109,7 +109,7 @@ def main(argv: list[str]) -> None:
     _check_target("scores", FLAGS.scores)
     examples = None if FLAGS.input == STDIN else inference.read_input(source.task, Path(FLAGS.input))
     from stackft_jax.runtime import compilation_cache
-    from stackft_jax.training import prediction_files
+    from stackft_jax.training import prediction_files  # after the input is read and checked
 
     compilation_cache.enable(source.run_spec.compilation_cache_dir)
     predictor = inference.Predictor(source, per_device_batch_size=FLAGS.per_device_batch_size)

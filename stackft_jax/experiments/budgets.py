@@ -28,9 +28,12 @@ import dataclasses
 import math
 import re
 
+import jax
 import ml_collections
 
-from stackft_jax.config import config_cli
+from stackft_jax.config import config_cli, spec
+from stackft_jax.data import task_spec
+from stackft_jax.training import compute
 
 RULES = {"steps": "optimizer_steps", "examples": "examples_forward", "flops": "flops"}
 _MATCHED = re.compile(r"^(?P<value>[\w.+-]+)@matched_(?P<rule>\w+):(?P<compared>[\w.+-]+)$")
@@ -101,7 +104,6 @@ _TRAIN_EXAMPLES: dict[tuple, int] = {}  # (task, files) -> train examples: read 
 
 def train_examples(run_spec) -> int:
     """The examples of the run's train split (what a feature-cached phase caches and an epoch holds)."""
-    from stackft_jax.data import task_spec
 
     paths = {"train": run_spec.data.train_file, "dev": run_spec.data.dev_file}
     key = (run_spec.task.name, run_spec.data.train_file, run_spec.data.dev_file, repr(run_spec.task))
@@ -114,10 +116,6 @@ def settings(matched: Matched, load) -> list[str]:
     """The overrides that give the matched cell its budget: its phase's `num_steps` and the record of
     the match (`matched_budget.*`). `load(cell_value, extra_overrides)` loads the run config of this
     cell's other axis values and seed with `matched.key` set to `cell_value`."""
-    import jax
-
-    from stackft_jax.config import spec
-    from stackft_jax.training import compute
 
     def cost(value: str, extra: list[str]) -> float:
         run_spec = spec.resolve(load(value, extra), recorded=True)

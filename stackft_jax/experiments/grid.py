@@ -15,11 +15,12 @@ import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import jax
 import ml_collections
 
-from stackft_jax.config import config_cli
+from stackft_jax.config import config_cli, spec
+from stackft_jax.config.spec import RunSpec
 from stackft_jax.experiments import budgets
 from stackft_jax.experiments.cells import (
     Ensemble,
@@ -32,11 +33,10 @@ from stackft_jax.experiments.cells import (
     runs_of,
     with_value,
 )
+from stackft_jax.models import objectives
+from stackft_jax.runtime import compilation_cache
 from stackft_jax.runtime.cli_errors import ConfigError
-from stackft_jax.training import prediction_files
-
-if TYPE_CHECKING:
-    from stackft_jax.config.spec import RunSpec
+from stackft_jax.training import prediction_files, train, workdirs
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,6 @@ def run_spec(grid: ml_collections.ConfigDict, run: Run, *, recorded: bool = Fals
 
 
 def _resolved(run: Run, config: ml_collections.ConfigDict, *, recorded: bool = False) -> "RunSpec":
-    from stackft_jax.config import spec
 
     try:
         return spec.resolve(config, recorded=recorded)
@@ -107,7 +106,6 @@ def check_ensembles(
 ) -> None:
     """Ensembles average class probabilities and score the task's metrics (ensemble.py): every member
     must run a classification task, one of whose metrics is the grid's `metric`."""
-    from stackft_jax.models import objectives
 
     for member in dict.fromkeys(m for e in ensembles for m in e.members):
         task = specs[member].task
@@ -166,7 +164,6 @@ def plan_grid(
     specs = _run_specs(grid, runs, workdir)
     check_metric(grid, specs)
     check_ensembles(grid, ensembles, specs)
-    from stackft_jax.training import workdirs
 
     changed = workdirs.bind_config(
         workdir,
@@ -185,7 +182,6 @@ def binding_form(record: Mapping) -> dict:
     resolves to (spec.binding_form) rather than as written, so that a base spelled otherwise (a preset
     that moved into another file, a key written twice) binds alike when it gives every run the same
     config. A base that no longer resolves (a preset or file gone) is compared as written."""
-    from stackft_jax.config import spec
 
     grid = dict(record["grid"])
     if not grid.get("matched"):  # a grid recorded before the key binds as one without matched cells
@@ -202,8 +198,6 @@ def finished(run_dir: Path, resolved: "RunSpec") -> bool:
     """The run has results, of this spec: its workdir's recorded config binds it as `resolved` would
     (spec.binding_form, as train.run compares them). A grid continued with --allow_config_change reruns
     a run whose cell's config changed: it resumes under the new values, as its workdir records."""
-    from stackft_jax.config import spec
-    from stackft_jax.training import workdirs
 
     if not (run_dir / "results.json").exists():
         return False
@@ -248,7 +242,6 @@ def reuse_run(plan: GridPlan, run: Run, sources: list[Path]) -> Path | None:
     or None (no such run, or a live process holds this run). The copy is the run's record without its
     checkpoints, naming its source in REUSED_FROM; a started run of this grid's own is set aside beside
     it (`<run>.replaced-<time>`)."""
-    from stackft_jax.training import workdirs
 
     candidates = [d for d in _finished_runs(sources) if finished(d, plan.specs[run])]
     match = None
@@ -296,7 +289,6 @@ def run_grid(
     shards) is finished.
     A run that another live process is training (its workdir lock) is left to it: several single-host
     processes over one workdir each take the next free run, so they share a grid without --shard."""
-    import jax
 
     sources = [Path(s) for s in reuse_runs_from]
     _finished_runs(sources)  # a mistyped source fails before any run, and before the workdir is bound
@@ -306,8 +298,6 @@ def run_grid(
             "on their own"
         )
     plan = plan_grid(grid, workdir, allow_config_change=allow_config_change)
-    from stackft_jax.runtime import compilation_cache
-    from stackft_jax.training import train, workdirs
 
     index, count = shard
     runs, specs = plan.runs, plan.specs
@@ -341,7 +331,6 @@ def check_inputs(workdir: Path, runs: Sequence[Run], specs: Mapping[Run, "RunSpe
     """Refuses a grid whose finished runs read other data or tokenizer files than the grid names now
     (ConfigMismatch naming the run and the file): their scores would be reported beside runs of the new
     content, against the new majority baseline."""
-    from stackft_jax.training import workdirs
 
     for run in runs:
         run_dir = Path(workdir) / "runs" / run.name

@@ -60,7 +60,7 @@ from stackft_jax.experiments.cells import Run, comparisons_of, ensembles_of, pap
 from stackft_jax.experiments.grid import REUSED_FROM, check_ensembles, run_spec
 from stackft_jax.models import objectives
 from stackft_jax.runtime.cli_errors import ConfigError
-from stackft_jax.training import compute, degenerate, prediction_files
+from stackft_jax.training import compute, degenerate, prediction_files, workdirs
 from stackft_jax.training.run_report import json_safe
 
 ASO_ITERATIONS = 1000  # deepsig's default; each costs a few ms
@@ -111,7 +111,6 @@ class RunResult:
 def load_runs(grid: ml_collections.ConfigDict, workdir: str | Path) -> list[RunResult]:
     """Every run of the grid, read back with its resolved spec's task; a missing or unfinished run is an
     error naming it."""
-    from stackft_jax.training import workdirs  # imports jax: not at module level
 
     loaded = []
     for run in runs_of(grid):

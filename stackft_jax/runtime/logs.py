@@ -59,7 +59,7 @@ def _not_a_relayed_orbax_error(record: logging.LogRecord) -> bool:
     that waits for the write, where the command's boundary reports it: the log is a duplicate. So are
     its logs of a full disk under async checkpointing ("Failed to run ... Commit operations", "Save
     Finalize thread ... failed", each with the tensorstore traceback): the boundary's one line says it."""
-    from stackft_jax.runtime import cli_errors
+    from stackft_jax.runtime import cli_errors  # cli_errors imports this module
 
     if "orbax" not in record.pathname:
         return True

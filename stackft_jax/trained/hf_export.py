@@ -69,7 +69,7 @@ def transformers_task_model(source: opening.Source, loaded: opening.Loaded) -> t
     names = list(getattr(task, "prediction_names", None) or task.output_names)
     labels = {"id2label": dict(enumerate(names)), "label2id": {n: i for i, n in enumerate(names)}}
     name = run_spec.head.name
-    from stackft_jax.models import bert, heads
+    from stackft_jax.models import bert, heads  # flax: only when writing an export
 
     def linear(prefix: str, node: dict) -> dict:
         return {
@@ -128,7 +128,7 @@ def write(
     the folder's name once in place (the model card's commands use it), `folder`'s own by default."""
     from safetensors.numpy import save_file
 
-    from stackft_jax.models import bert
+    from stackft_jax.models import bert  # flax: only when writing an export
 
     stem = _CLASS_STEMS[loaded.bert_config.model_type]
     config = hf_config(source.model_dir, loaded.bert_config, f"{stem}Model")
@@ -273,7 +273,7 @@ model = AutoModel.from_pretrained("{name}")
 
 def export(source: opening.Source, out: str | Path, *, overwrite: bool = False) -> Path | None:
     """Writes the export of `source` to `out` (process 0; other processes only load); returns `out`."""
-    import jax
+    import jax  # jax: only when writing an export
 
     out = Path(out)
     if out.exists() and not out.is_dir():

@@ -28,7 +28,7 @@ def read_input(task: TaskSpec, path: Path) -> list[Any]:
     if layout is not None:
         examples = task.read_input_file(path)
     else:
-        from stackft_jax.data import tasks
+        from stackft_jax.data import tasks  # every task family: only to name the task a file belongs to
 
         for other in tasks.TASKS.values():
             other_layout = other.input_layout(path) if other.name != task.name else None
@@ -73,7 +73,7 @@ class Predictor:
 
         from stackft_jax.data import batching, tokenization
         from stackft_jax.runtime import sharding
-        from stackft_jax.training import evaluation
+        from stackft_jax.training import evaluation  # jax: once a model is opened, after the input is checked
 
         self.source, self.task, run_spec = source, source.task, source.run_spec
         self.loaded = source.load()
@@ -92,7 +92,7 @@ class Predictor:
         self.tokenizer = tokenization.load_tokenizer(source.model_dir)
 
     def predict(self, examples: list[Any], *, progress: bool = True) -> Prediction:
-        from stackft_jax.data import task_spec
+        from stackft_jax.data import task_spec  # transformers: only when predicting
 
         run_spec = self.source.run_spec
         arrays = task_spec.encode_examples(

@@ -102,7 +102,7 @@ def open_workdir(workdir: str | Path, *, params: str | None = None, phase: str |
         names = run_params.phase_names(run_spec)
         if phase not in names:
             raise UsageError(f"--phase={phase}: the run's phases are {names}")
-        from stackft_jax.training import checkpointing
+        from stackft_jax.training import checkpointing  # orbax: a workdir only, never an export
 
         unfinished = [
             n
@@ -126,7 +126,7 @@ def open_workdir(workdir: str | Path, *, params: str | None = None, phase: str |
 
 
 def _phase_done(workdir: Path, name: str) -> bool:
-    from stackft_jax.training import checkpointing
+    from stackft_jax.training import checkpointing  # orbax: a workdir only, never an export
 
     return checkpointing.phase_end_path(workdir, name).is_dir()
 

@@ -31,6 +31,7 @@ from typing import Any
 from stackft_jax.config import phases, spec
 from stackft_jax.config.spec import RunSpec
 from stackft_jax.models import flops
+from stackft_jax.training import build
 
 RESULTS_KEY = "compute"  # results.json's record of it
 TIMINGS_FILE = "timings.json"  # timing.FILE_NAME (importing timing would start jax)
@@ -61,7 +62,6 @@ class _Model:
 
 
 def _model(run_spec: RunSpec) -> tuple[_Model, Any]:
-    from stackft_jax.training import build  # reads the encoder's config.json; builds nothing
 
     _, encoder = build.resolve_encoder(run_spec)
     model = _Model(encoder, run_spec.head.to_dict(), run_spec.task.num_outputs, run_spec.max_seq_length)

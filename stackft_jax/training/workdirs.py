@@ -283,7 +283,7 @@ TOKENIZER_KEY = "tokenizer"  # data_files.json's entry for the model folder's to
 
 
 def _tokenizer_record(model_dir: Path) -> dict[str, Any]:
-    from stackft_jax.data import tokenization
+    from stackft_jax.data import tokenization  # transformers: only when a run binds its files
 
     return {"path": str(model_dir), "files": tokenization.tokenizer_fingerprint(model_dir)}
 
@@ -409,7 +409,7 @@ def data_files(run_spec: RunSpec) -> dict[str, str]:
 
 
 def model_dir(run_spec: RunSpec) -> Path:
-    from stackft_jax.models import bert
+    from stackft_jax.models import bert  # flax: predict checks its targets with this module first
 
     return bert.resolve_model_dir(run_spec.model.name_or_path)
 
