@@ -154,7 +154,7 @@ def of_results(
 
 def run_compute(run_dir: str | Path) -> dict[str, Any] | None:
     """A finished run's training compute (None when `run_dir` has no results.json, or one without its
-    config), the same that new
+    config and global batch), the same that new
     runs record in results.json's `compute`:
 
         {"phases": [{"phase": str,              # as results.json's phases[i].phase
@@ -177,7 +177,7 @@ def run_compute(run_dir: str | Path) -> dict[str, Any] | None:
     if not results_file.is_file():
         return None
     results = json.loads(results_file.read_text())
-    if "config" not in results:  # a record without the config it ran (written by hand): nothing to count
+    if "config" not in results or "global_batch_size" not in results:  # a hand-written record
         return None
     timings_file = run_dir / TIMINGS_FILE
     timings = json.loads(timings_file.read_text()) if timings_file.is_file() else None
