@@ -31,8 +31,9 @@ import re
 import jax
 import ml_collections
 
-from stackft_jax.config import config_cli, spec
+from stackft_jax.config import spec
 from stackft_jax.data import task_spec
+from stackft_jax.runtime.cli_errors import ConfigError
 from stackft_jax.training import compute
 
 RULES = {"steps": "optimizer_steps", "examples": "examples_forward", "flops": "flops"}
@@ -61,29 +62,29 @@ def parse_matched(grid: ml_collections.ConfigDict, axes: dict[str, list[str]]) -
         key = key.strip()
         where = f"config key 'matched': {part.strip()!r}"
         if not sep or key not in axes:
-            raise config_cli.ConfigError(
+            raise ConfigError(
                 f"{where} is not `key=value@matched_<rule>:compared|...` with key an axis ({', '.join(axes)})"
             )
         for item in values.split("|"):
             match = _MATCHED.match(item.strip())
             if match is None:
-                raise config_cli.ConfigError(
+                raise ConfigError(
                     f"{where}: {item.strip()!r} is not `value@matched_<rule>:compared` "
                     f"(rule: {' | '.join(RULES)})"
                 )
             value, rule, compared = match["value"], match["rule"], match["compared"]
             if rule not in RULES:
-                raise config_cli.ConfigError(f"{where}: rule {rule!r}: choose {' | '.join(RULES)}")
+                raise ConfigError(f"{where}: rule {rule!r}: choose {' | '.join(RULES)}")
             for name in (value, compared):
                 if name not in axes[key]:
-                    raise config_cli.ConfigError(
+                    raise ConfigError(
                         f"{where}: {name!r} is not a value of axis {key} ({'|'.join(axes[key])})"
                     )
             if value == compared:
-                raise config_cli.ConfigError(f"{where}: a cell matched to itself")
+                raise ConfigError(f"{where}: a cell matched to itself")
             matched = Matched(key, value, rule, compared)
             if matched in found:
-                raise config_cli.ConfigError(f"{where}: {matched.label} is named twice")
+                raise ConfigError(f"{where}: {matched.label} is named twice")
             found.append(matched)
     return found
 
@@ -127,7 +128,7 @@ def settings(matched: Matched, load) -> list[str]:
     plan = base.phase_blocks(2)
     sources = [source for _, source in plan]
     if len(plan) != 1 or not sources[0].startswith("config.phase"):
-        raise config_cli.ConfigError(
+        raise ConfigError(
             f"config key 'matched': {matched.label}: {matched.value} trains phases {sources}; a matched "
             "cell sets the step count of a preset strategy's one phase (e.g. finetune_only's phase2.*)"
         )

@@ -62,7 +62,7 @@ def _matched_settings(grid: ml_collections.ConfigDict, run: Run) -> list[str]:
     try:
         return budgets.settings(run.matched, load)
     except (ValueError, FileNotFoundError) as error:
-        raise config_cli.ConfigError(f"grid run {run.name}: {error}") from None
+        raise ConfigError(f"grid run {run.name}: {error}") from None
 
 
 def run_spec(grid: ml_collections.ConfigDict, run: Run, *, recorded: bool = False) -> "RunSpec":
@@ -331,7 +331,6 @@ def check_inputs(workdir: Path, runs: Sequence[Run], specs: Mapping[Run, "RunSpe
     """Refuses a grid whose finished runs read other data or tokenizer files than the grid names now
     (ConfigMismatch naming the run and the file): their scores would be reported beside runs of the new
     content, against the new majority baseline."""
-
     for run in runs:
         run_dir = Path(workdir) / "runs" / run.name
         if not (run_dir / "results.json").is_file():

@@ -88,6 +88,12 @@ class RunResult:
         value = self.results["final"].get(split, {}).get(metric)
         return None if value is None else float(value)
 
+    @functools.cached_property  # every comparison with this run's cell asks again
+    def compute_totals(self) -> dict[str, float] | None:
+        """Its training compute's totals (`total.flops`, ...: training/compute.py run_compute), or None."""
+        found = compute.run_compute(self.folder)
+        return None if found is None else _numeric_leaves({"total": found["total"]})
+
     @functools.cached_property
     def _records(self) -> dict[str, list[dict[str, Any]]]:
         files = {split: prediction_files.path(self.folder, split) for split in self.results["final"]}
@@ -378,8 +384,7 @@ def _run_compute(r: RunResult, by_name: dict[str, RunResult]) -> dict[str, float
         if not parts or None in parts:
             return None
         return {k: sum(part[k] for part in parts) for k in set.intersection(*(set(p) for p in parts))}
-    found = compute.run_compute(r.folder)
-    return None if found is None else _numeric_leaves({"total": found["total"]})
+    return r.compute_totals
 
 
 def _numeric_leaves(tree: Any, prefix: str = "") -> dict[str, float]:

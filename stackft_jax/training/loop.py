@@ -625,12 +625,13 @@ def run_phase(
     progress = _restore_or_start(ctx, phase, phase_step, checkpoints, params, global_offset, best)
 
     preemption.install_sigterm_flag()
-    progress.started = progress.window_start = time.time()
+    progress.started = time.time()
     frozen_backbone = not phases.trains_backbone(phase, ctx.param_names)
     # Built before the first step donates the state: its backbone is the phase's frozen one.
     with ctx.timer.phase("feature_cache"):  # built, or opened (shared by another run)
         features = feature_caches(ctx, phase, progress.state.params) if frozen_backbone else {}
     train_features = features["train"] if phase.feature_cache else None
+    progress.window_start = time.time()  # the first log's examples/s: steps only, not the cache build
     bar = _StepBar(phase, progress.step)
     actions = periodic_actions(ctx, phase, checkpoints, features, bar)
     batches = batch_feed(
