@@ -119,7 +119,7 @@ def build_jax(config: ml_collections.ConfigDict) -> JaxModel:
     graphdef, params, bert_config = build.initial_model(
         run_spec, bert.resolve_model_dir(run_spec.model.name_or_path), mesh
     )
-    plan = run_spec.plan(1000, bert_config.num_hidden_layers, has_pooler=bert_config.family.has_pooler)
+    plan = run_spec.plan(1000)
     return JaxModel(run_spec, run_spec.task, bert_config, graphdef, params, mesh, {p.name: p for p in plan})
 
 
@@ -238,8 +238,7 @@ def build_torch(config: ml_collections.ConfigDict, attn_implementation: str | No
             x = self.dropout(torch.tanh(self.hidden(x)))
             return self.output(x)
 
-    num_layers = backbone.config.num_hidden_layers
-    plan = run_spec.plan(1000, num_layers)
+    plan = run_spec.plan(1000)
     return TorchModel({p.name: p for p in plan}, run_spec.max_grad_norm, TaskModel())
 
 

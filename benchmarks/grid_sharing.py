@@ -6,9 +6,9 @@
 
 Each mode runs `python -m stackft_jax.experiment` as a subprocess on a fresh workdir, with its own empty
 compilation cache (neither mode inherits the other's compiled programs):
-  shared   `phase1.feature_cache_dir` unset: the grid points every run at WORKDIR/feature_cache, where
+  shared   `feature_cache_dir` unset: the grid points every run at WORKDIR/feature_cache, where
            the caches are built once per split and reopened by every later cell and seed
-  per_run  `phase1.feature_cache_dir=none`: each run builds its own caches in its workdir (what a grid
+  per_run  `feature_cache_dir=none`: each run builds its own caches in its workdir (what a grid
            did before the shared folder)
 Reported per mode: seconds until the last run finished (the report written after it is left out), the
 caches built, and per run the seconds its caches took (built or opened; WORKDIR/runs/*/timings.json's
@@ -31,7 +31,7 @@ from benchmarks.machine import finish, machine_info
 from stackft_jax.runtime import timing
 
 REPO = Path(__file__).resolve().parent.parent
-MODES = {"shared": "", "per_run": "phase1.feature_cache_dir=none"}
+MODES = {"shared": "", "per_run": "feature_cache_dir=none"}
 STACK_ONLY = "strategy=stack_only,phase1.backbone_dropout=false,phase1.feature_cache=true"
 # configs/tiny.py's sizes undone: the real MiniLM, the same weights for every seed.
 PRETRAINED_MINILM = (

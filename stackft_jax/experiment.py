@@ -77,11 +77,11 @@ run of this shard, when its turn comes, from a finished run there with the same 
 binding a rerun compares; any run name) into WORKDIR/runs: its record without checkpoints, with
 `reused_from.json` naming the source; the report counts them beside the costs.
 
-Runs with `phase1.feature_cache=True` and no `phase1.feature_cache_dir` of their own share
+Runs with `phase1.feature_cache=True` and no `feature_cache_dir` of their own share
 WORKDIR/feature_cache: the frozen backbone's features are built once for all cells and seeds with the
 same backbone and data (pretrained weights; a random init differs per seed), so later stack-only and
 phase-1 cells cost the head alone. Shards building the same cache at once are safe (feature_cache.py).
-`phase1.feature_cache_dir=none` keeps each run's caches in its own workdir.
+`feature_cache_dir=none` keeps each run's caches in its own workdir.
 """
 
 import sys

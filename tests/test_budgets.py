@@ -125,7 +125,7 @@ def test_the_ner_gap_rule_compares_entity_f1_and_old_records_read_as_token_accur
     assert spec.binding_form(conll)["config"]["phase1"]["gap_metric"] == "f1"
     old = conll.raw | {"phase1": {k: v for k, v in conll.raw["phase1"].items() if k != "gap_metric"}}
     assert spec.recorded_binding_form(old, conll.raw)["config"]["phase1"]["gap_metric"] == "accuracy"
-    assert spec.resolve(spec.config_from_plain(old), recorded=True).aliases.phase1.gap_metric == "accuracy"
+    assert spec.resolve(spec.config_from_plain(old), recorded=True).phases[0].gap_metric == "accuracy"
     # Classification: the primary metric before and after, so older runs bind as they did.
     qqp = spec.resolve(config_cli.load("configs/tiny.py", []))
     old = qqp.raw | {"phase1": {k: v for k, v in qqp.raw["phase1"].items() if k != "gap_metric"}}
@@ -134,7 +134,7 @@ def test_the_ner_gap_rule_compares_entity_f1_and_old_records_read_as_token_accur
 
 def test_the_loop_uses_the_phases_gap_metric():
     ctx = SimpleNamespace(task=tasks.get_task("conll2003"))
-    phase = phases.Phase("p", (), {}, 1, 0, "constant", 0.0, phases.StopRule(0.02))
+    phase = phases.Phase("p", ((".*", "all"),), {"all": 1.0}, num_steps=1, max_train_dev_gap=0.02)
     assert loop.gap_metric_of(ctx, phase) == "f1"
     assert loop.gap_metric_of(ctx, dataclasses.replace(phase, gap_metric="accuracy")) == "accuracy"
 

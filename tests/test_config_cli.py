@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stackft_jax.config import config_cli
+from stackft_jax.config import config_cli, phases
 from stackft_jax.runtime.cli_errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -219,8 +219,9 @@ def test_show_comments_the_keys_of_written_phases():
     lines = []
     config_cli.show(config, out=_Lines(lines))
     written = [line for line in lines if line.startswith("phases.")]
-    # 2 + 14 keys per phase (BLOCK_DEFAULTS) and a rate per group: "top" has two.
-    assert len(written) == 17 + 18 + 17 and all("  # " in line for line in written)
+    # name, rules and the option keys per phase (phases.Phase), and a rate per group: "top" has two.
+    per_phase = 2 + len(phases.OPTION_KEYS)
+    assert len(written) == 3 * per_phase + 4 and all("  # " in line for line in written)
     rate = next(line for line in written if line.startswith("phases.1.learning_rates.top "))
     assert rate.endswith("# peak learning rate per trained group of `rules` (the group `frozen` has none)")
 
@@ -341,7 +342,7 @@ def test_a_committed_run_reruns_from_its_record(monkeypatch):
     ran = spec.binding_form(grid.run_spec(grid_config, run, recorded=True))
     for record in ("config.json", "results.json"):
         config = config_cli.load(f"{QQP_RUN}/{record}", ["data.test_file=test.tsv"], kind="run")
-        assert config.phase1.feature_cache_dir == "" and config.data.test_file == "test.tsv"
+        assert config.feature_cache_dir == "" and config.data.test_file == "test.tsv"
         rerun = spec.binding_form(spec.resolve(config, recorded=True))
         assert workdirs.config_differences(ran, rerun) == {"config.data.test_file": (None, "test.tsv")}
 

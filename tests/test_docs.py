@@ -62,4 +62,7 @@ def test_a_documented_command_parses(page, command, args):
     kind = "run" if command == "main" else "grid"
     config = config_cli.load(str(ROOT / configs[0]), overrides, kind=kind)
     if kind == "run":
-        spec.resolve(config, recorded=True)
+        # A hub model cannot be read here (no network): the presets expand for the embedded encoder.
+        model = config.model.name_or_path
+        local = model.startswith("embedded:") or Path(model).expanduser().is_dir()
+        spec.resolve(config, recorded=True, encoder=None if local else spec.encoder_shape("embedded:minilm"))

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from stackft_jax.config import config_cli, spec
+from stackft_jax.config import config_cli, phases, spec
 from stackft_jax.data import metrics
 from stackft_jax.experiments import cells, grid, grid_report
 from stackft_jax.runtime.cli_errors import ConfigError
@@ -112,16 +112,18 @@ def test_a_grid_shares_one_feature_cache_between_its_cells(tmp_path):
     assert len(list((tmp_path / "feature_cache").glob("*/meta.json"))) == 2
     assert not list((tmp_path / "runs").glob("*/feature_cache"))
     recorded = json.loads((tmp_path / "runs" / "learning_rate=0.01-seed0" / "config.json").read_text())
-    assert recorded["config"]["phase1"]["feature_cache_dir"] == str(tmp_path / "feature_cache")
+    assert recorded["config"]["feature_cache_dir"] == str(tmp_path / "feature_cache")
 
-    explicit = config_cli.load("configs/tiny.py:phase1.feature_cache=true,phase1.feature_cache_dir=/x", [])
+    explicit = config_cli.load("configs/tiny.py:phase1.feature_cache=true,feature_cache_dir=/x", [])
     grid.share_feature_cache(explicit, tmp_path)
-    assert explicit.phase1.feature_cache_dir == "/x"  # a run's own folder wins
-    written = config_cli.load("configs/tiny.py:three_phases", [])
-    written.phases[0].feature_cache, written.phases[2].feature_cache_dir = True, "/y"
-    grid.share_feature_cache(written, tmp_path)
-    # Every phase without its own folder: a frozen one caches its dev and gap-subset features too.
-    assert [b.feature_cache_dir for b in written.phases] == [str(tmp_path / "feature_cache")] * 2 + ["/y"]
+    assert explicit.feature_cache_dir == "/x"  # a run's own folder wins
+    # A written phase block no longer has the key: it is the run's (a recorded one reads as such).
+    with pytest.raises(config_cli.ConfigError, match="feature_cache_dir is a run option now"):
+        phases.block("head", rules=[(".*", "all")], learning_rates={"all": 1.0}, feature_cache_dir="/y")
+    old = config_cli.to_plain(config_cli.load("configs/tiny.py:three_phases", []))
+    del old["feature_cache_dir"]  # a record from before the move
+    old["phases"][0]["feature_cache_dir"] = "/y"
+    assert spec.config_from_plain(old).feature_cache_dir == "/y"
 
 
 def test_frozen_phases_of_a_grid_share_their_dev_and_gap_subset_features(tmp_path):

@@ -1,6 +1,6 @@
 """The frozen-feature cache: what it stores, that training from it matches recomputing the backbone,
 the config error, resume after a kill inside a cached phase, and one cache shared by runs and
-processes (`phase1.feature_cache_dir`)."""
+processes (`feature_cache_dir`)."""
 
 import json
 import os
@@ -222,7 +222,7 @@ PRETRAINED_STACK = (
 @pytest.mark.slow
 def test_runs_with_other_seeds_build_one_shared_cache_and_match_per_run_caches(tmp_path):
     shared = tmp_path / "shared"
-    arg = f"{PRETRAINED_STACK},phase1.feature_cache_dir={shared}"
+    arg = f"{PRETRAINED_STACK},feature_cache_dir={shared}"
     train.run(tiny.get_config(f"{arg},seed=0"), tmp_path / "seed0")
     built = {path: path.stat().st_mtime_ns for path in shared.glob("*/meta.json")}
     assert len(built) == 2  # train and dev, one folder per fingerprint

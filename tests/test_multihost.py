@@ -127,7 +127,7 @@ def test_two_processes_build_one_shared_feature_cache_at_once(tmp_path):
         "--config.strategy=stack_only",
         "--config.phase1.backbone_dropout=False",
         "--config.phase1.feature_cache=True",
-        f"--config.phase1.feature_cache_dir={shared}",
+        f"--config.feature_cache_dir={shared}",
     )
     # Both processes build the same caches and publish them by renaming: one copy wins, none is torn.
     outputs = _finish(_start_pair(tmp_path / "run", extra=cached))

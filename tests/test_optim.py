@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from configs import tiny
-from stackft_jax.config import phases
+from stackft_jax.config import phases, spec
 from stackft_jax.training import optim
 
 
@@ -63,7 +63,7 @@ def _phase(strategy, index=0, **overrides):
     for key, value in overrides.items():
         block, leaf = key.split(".")
         config[block][leaf] = value
-    return phases.phases_for(config, steps_per_epoch=10, num_layers=2)[index]
+    return spec.resolve(config).plan(10)[index]
 
 
 def _optimizer(phase):
@@ -117,36 +117,39 @@ def test_clipping_sees_only_trainable_leaves():
 
 
 def test_strategies_as_data():
-    finetune = phases.phases_for(_cfg("finetune_only"), 10, 2)
-    assert [p.name for p in finetune] == ["finetune"]
-    assert finetune[0].trains_backbone
-    stack = phases.phases_for(_cfg("stack_only"), 10, 2)
-    assert [p.name for p in stack] == ["stack"] and not stack[0].trains_backbone
-    assert stack[0].stop.max_train_dev_gap is None
-    both = phases.phases_for(_cfg("stack_and_finetune"), 10, 2)
-    assert [(p.name, p.trains_backbone) for p in both] == [("phase1", False), ("phase2", True)]
+    run = spec.resolve(_cfg("finetune_only"))
+    assert [p.name for p in run.phases] == ["finetune"]
+    assert run.encoder.trains(run.phases[0])
+    run = spec.resolve(_cfg("stack_only"))
+    assert [p.name for p in run.phases] == ["stack"] and not run.encoder.trains(run.phases[0])
+    assert run.phases[0].stop.max_train_dev_gap is None
+    run = spec.resolve(_cfg("stack_and_finetune"))
+    both = run.phases
+    assert [(p.name, run.encoder.trains(p)) for p in both] == [("phase1", False), ("phase2", True)]
     assert both[0].learning_rates == {"head": 1e-3}
     assert both[1].learning_rates == {"backbone": 1e-3, "head": 1e-3}
     with pytest.raises(ValueError, match="config.strategy"):
-        phases.phases_for(_cfg("tune_everything"), 10, 2)
+        spec.resolve(_cfg("tune_everything")).plan(10)
 
 
 def test_a_new_head_gets_its_own_rate_and_the_uniform_baseline_keeps_berts():
     config = _cfg("finetune_only")
     config.phase2.backbone_learning_rate = 5e-5
     config.phase2.new_head_learning_rate = 1e-3
-    assert phases.phases_for(config, 10, 2)[0].learning_rates == {"backbone": 5e-5, "head": 1e-3}
+    assert spec.resolve(config).plan(10)[0].learning_rates == {"backbone": 5e-5, "head": 1e-3}
     config.strategy = "finetune_only_uniform"
-    assert phases.phases_for(config, 10, 2)[0].learning_rates == {"backbone": 5e-5, "head": 5e-5}
+    assert spec.resolve(config).plan(10)[0].learning_rates == {"backbone": 5e-5, "head": 5e-5}
     # A head an earlier phase trained fine-tunes at BERT's rate (Wang et al.'s phase 2, LP-FT, ULMFiT).
     for strategy in ("stack_and_finetune", "lp_ft", "gradual_unfreezing"):
         config.strategy = strategy
-        assert phases.phases_for(config, 10, 2)[-1].learning_rates["head"] == 5e-5
+        config.head.name = "linear" if strategy == "lp_ft" else "cls_mlp"
+        assert spec.resolve(config).plan(10)[-1].learning_rates["head"] == 5e-5
+    config.head.name = "cls_mlp"
     # An explicit head rate wins everywhere.
     config.phase2.head_learning_rate = 3e-4
     for strategy in ("finetune_only", "finetune_only_uniform", "stack_and_finetune"):
         config.strategy = strategy
-        assert phases.phases_for(config, 10, 2)[-1].learning_rates["head"] == 3e-4
+        assert spec.resolve(config).plan(10)[-1].learning_rates["head"] == 3e-4
 
 
 def _cfg(strategy):
@@ -162,7 +165,7 @@ def test_epochs_become_steps_and_warmup_ratio_applies():
     config.phase2.num_steps = 0
     config.phase2.num_epochs = 1.0
     config.phase2.warmup_ratio = 0.1
-    p1, p2 = phases.phases_for(config, steps_per_epoch=40, num_layers=2)
+    p1, p2 = spec.resolve(config).plan(40)
     assert (p1.num_steps, p2.num_steps, p2.warmup_steps) == (100, 40, 4)
 
 
@@ -170,7 +173,7 @@ def test_layerwise_learning_rates_decay_towards_the_embeddings():
     config = _cfg("finetune_only")
     config.phase2.layerwise_lr_decay = 0.5
     config.phase2.backbone_learning_rate = 8e-5
-    phase = phases.phases_for(config, 10, 2)[0]
+    phase = spec.resolve(config).plan(10)[0]
     rates = phase.learning_rates
     assert rates["backbone_layer1"] == pytest.approx(4e-5)
     assert rates["backbone_layer0"] == pytest.approx(2e-5)

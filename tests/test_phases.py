@@ -26,24 +26,43 @@ FROZEN_BACKBONE = (("backbone/.*", "frozen"), ("head/.*", "head"))
 EVERYTHING = (("backbone/.*", "backbone"), ("head/.*", "head"))
 
 
-def _plan(arg: str, num_layers: int = 2) -> list[Phase]:
+def _plan(arg: str) -> list[Phase]:
     # Steps per epoch 10; `source` (where a phase was written) is for error messages only.
-    return [
-        dataclasses.replace(p, source="") for p in phases.phases_for(tiny.get_config(arg), 10, num_layers)
-    ]
+    return [dataclasses.replace(p, source="") for p in spec.resolve(tiny.get_config(arg)).plan(10)]
+
+
+def _as_run(phase: Phase) -> tuple:
+    """What the steps read of a phase."""
+    return (
+        phase.name,
+        phase.rules,
+        phase.learning_rates,
+        phase.num_steps,
+        phase.warmup_steps,
+        phase.schedule,
+        phase.weight_decay,
+        phase.stop,
+        phase.gap_eval_examples,
+    )
 
 
 def test_the_three_named_strategies_expand_to_the_phases_they_always_had():
-    finetune = Phase(
-        "finetune", EVERYTHING, {"backbone": 1e-3, "head": 1e-3}, 6, 1, "warmup_linear", 0.01, StopRule()
+    finetune = (
+        "finetune",
+        EVERYTHING,
+        {"backbone": 1e-3, "head": 1e-3},
+        6,
+        1,
+        "warmup_linear",
+        0.01,
+        StopRule(),
+        0,
     )
-    assert _plan("strategy=finetune_only") == [finetune]
-    stack = Phase("stack", FROZEN_BACKBONE, {"head": 1e-3}, 6, 0, "constant", 0.01, StopRule())
-    assert _plan("strategy=stack_only") == [stack]
-    phase1 = Phase(
-        "phase1", FROZEN_BACKBONE, {"head": 1e-3}, 6, 0, "constant", 0.01, StopRule(1.0), gap_eval_examples=16
-    )
-    assert _plan("strategy=stack_and_finetune") == [phase1, dataclasses.replace(finetune, name="phase2")]
+    assert [_as_run(p) for p in _plan("strategy=finetune_only")] == [finetune]
+    stack = ("stack", FROZEN_BACKBONE, {"head": 1e-3}, 6, 0, "constant", 0.01, StopRule(), 0)
+    assert [_as_run(p) for p in _plan("strategy=stack_only")] == [stack]
+    phase1 = ("phase1", FROZEN_BACKBONE, {"head": 1e-3}, 6, 0, "constant", 0.01, StopRule(1.0), 16)
+    assert [_as_run(p) for p in _plan("strategy=stack_and_finetune")] == [phase1, ("phase2", *finetune[1:])]
     # Their keys still reach them: budgets in epochs, patience, the feature cache, discriminative rates.
     cached, tuned = _plan(
         "phase1.num_steps=0,phase1.num_epochs=2.5,phase1.patience_evals=2,phase1.backbone_dropout=False,"
@@ -95,7 +114,7 @@ def test_written_phases_and_command_line_overrides_by_index():
     config = config_cli.load(
         "configs/tiny.py:three_phases", ["phases.1.num_steps=3", "phases.2.learning_rates.all=1e-4"]
     )
-    plan = phases.phases_for(config, 10, 2)
+    plan = spec.resolve(config).plan(10)
     assert [(p.name, p.num_steps) for p in plan] == [("head", 4), ("top", 3), ("all", 4)]
     assert plan[2].learning_rates == {"all": 1e-4} and plan[0].stop == StopRule(1.0)
     assert plan[1].source == "config.phases[1] (top)"
@@ -139,7 +158,7 @@ ALL = {"name": "all", "rules": [(".*", "all")], "learning_rates": {"all": 1e-4},
         ({**ALL, "name": "phase1_end"}, r"config.phases\[1\].name='phase1_end'"),
         (
             {**ALL, "feature_cache": True, "backbone_dropout": False},
-            r"config.phases\[1\] \(all\): a feature cache",
+            r"config.phases\[1\] \(all\): feature_cache=True, but its rules train backbone parameters",
         ),
     ],
 )
@@ -147,7 +166,7 @@ def test_invalid_written_phases_fail_before_any_work_naming_the_phase_and_key(se
     config = _written(HEAD, second)
     with pytest.raises(ConfigError, match=message):
         spec.resolve(config)
-        phases.phases_for(config, 10, 2)
+        spec.resolve(config).plan(10)
 
 
 def test_written_phases_need_their_own_name_and_known_keys():
@@ -178,20 +197,20 @@ def test_rules_are_checked_against_the_parameters_before_any_phase_trains(tmp_pa
         ConfigError,
         match=r"config.phases\[1\] \(all\).rules\[0\]=\('backbone/layers/9/.\*', 'deep'\) matches no",
     ):
-        phases.check_rules(phases.phases_for(config, 10, 2), names)
+        phases.check_rules(spec.resolve(config).plan(10), names)
     shadowed = {**ALL, "rules": [(".*", "all"), ("head/.*", "head")], "learning_rates": {"all": 1, "head": 1}}
     with pytest.raises(
         ConfigError, match=r"rules\[1\].* matches no parameter that an earlier rule did not take"
     ):
-        phases.check_rules(phases.phases_for(_written(HEAD, shadowed), 10, 2), names)
+        phases.check_rules(spec.resolve(_written(HEAD, shadowed)).plan(10), names)
     partial = {**ALL, "rules": [("head/.*", "all")]}
     with pytest.raises(ConfigError, match=r"\(all\).rules: parameter 'backbone/.*' matches no rule"):
-        phases.check_rules(phases.phases_for(_written(HEAD, partial), 10, 2), names)
+        phases.check_rules(spec.resolve(_written(HEAD, partial)).plan(10), names)
     # A cached phase whose regexes look frozen but label a backbone parameter trainable.
     sneaky = {**HEAD, "rules": [("head/.*|backbone/pooler/.*", "head"), ("backbone/.*", "frozen")]}
     sneaky.update(feature_cache=True, backbone_dropout=False)
     with pytest.raises(ConfigError, match=r"feature_cache=True, but its rules train backbone parameters"):
-        phases.check_rules(phases.phases_for(_written(sneaky, ALL), 10, 2), names)
+        spec.resolve(_written(sneaky, ALL))
     # In a run: refused before the first phase starts, nothing trained or saved.
     with pytest.raises(ConfigError, match="matches no parameter"):
         train.run(config, tmp_path)
@@ -401,9 +420,10 @@ def test_every_preset_addresses_every_family_by_the_same_parameter_paths(family,
     for strategy in phases.STRATEGIES:
         for decay in (1.0, 0.5):
             config.strategy = strategy
+            config.head.name = "linear" if strategy == "lp_ft" else "cls_mlp"  # a linear probe first
             config.phase2.layerwise_lr_decay = decay
             config.unfreezing.layerwise_lr_decay = decay
-            plan = phases.phases_for(config, 10, 2, has_pooler=has_pooler)
+            plan = spec.resolve(config).plan(10)
             phases.check_rules(plan, names)
             if strategy == "gradual_unfreezing":
                 assert [p.name for p in plan] == [

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from configs import quora
-from stackft_jax.config import phases
+from stackft_jax.config import spec
 from stackft_jax.data import batching, task_spec, tasks, tokenization
 from stackft_jax.models import objectives
 from stackft_jax.models.bert import resolve_model_dir
@@ -37,7 +37,7 @@ def setup():
 
 def _train(setup, phase_index, num_steps=2):
     config, graphdef, params, batch = setup
-    phase = phases.phases_for(config, steps_per_epoch=10, num_layers=6)[phase_index]
+    phase = spec.resolve(config).plan(10)[phase_index]
     tx, labels = optim.build_optimizer(
         params,
         rules=phase.rules,

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from configs import tiny
-from stackft_jax.config import phases
+from stackft_jax.config import spec
 from stackft_jax.data import batching
 from stackft_jax.data.tasks import get_task
 from stackft_jax.models import objectives
@@ -69,7 +69,7 @@ def test_eight_devices_match_one():
         "labels": rng.integers(0, 2, size=16).astype(np.int32),
         "example_mask": np.ones(16, np.float32),
     }
-    phase = phases.phases_for(config, steps_per_epoch=10, num_layers=2)[1]  # everything trains
+    phase = spec.resolve(config).plan(10)[1]  # everything trains
     one, m1 = _step_on(jax.devices()[:1], params, graphdef, batch, phase)
     eight, m8 = _step_on(jax.devices(), params, graphdef, batch, phase)
     np.testing.assert_allclose(m1["loss"], m8["loss"], rtol=1e-5)

@@ -9,25 +9,32 @@ from stackft_jax.config import config_cli, defaults, phases, spec
 from stackft_jax.runtime.cli_errors import ConfigError
 
 
-def test_the_alias_defaults_are_the_config_defaults():
+def test_the_phase_keys_are_written_once_and_every_block_reads_them():
+    """Phase's fields are the keys of a written block, the alias blocks carry a subset of them with
+    Phase's comments, and --show_config prints those comments for every form."""
     config = defaults.get_config()
-    assert {alias: config[alias].to_dict() for alias in phases.ALIAS_DEFAULTS} == phases.ALIAS_DEFAULTS
+    written = phases.block("x", rules=[(".*", "all")], learning_rates={"all": 1.0})
+    assert set(written.keys()) == set(phases.BLOCK_KEYS)
+    for alias, declared in phases.ALIASES.items():
+        assert config[alias].to_dict() == declared.config().to_dict()
+        assert set(declared.phase_keys) <= set(phases.OPTION_KEYS)
+    comments = config_cli.key_comments()
+    for key, field in phases.BLOCK_KEYS.items():
+        assert comments[f"phases.{key}"] == field.metadata["doc"]
+    assert comments["phase1.num_steps"] == comments["phases.num_steps"] == "step budget; 0: use num_epochs"
+    assert comments["phase2.backbone_learning_rate"] == "peak learning rate of BERT"
 
 
 def test_the_spec_holds_the_chosen_head_and_the_alias_blocks_its_preset_reads():
     run = spec.resolve(tiny.get_config("strategy=finetune_only"))
     assert set(run.head.keys()) == {"name", "dropout_rate", "cls_mlp"}
-    assert set(run.aliases.keys()) == {"phase2"}
-    assert [p.name for p in run.plan(10, 2)] == ["finetune"]
+    assert [p.name for p in run.plan(10)] == ["finetune"]
+    assert (run.encoder.num_layers, run.encoder.has_pooler) == (2, True)  # tiny's override of MiniLM's 6
     form = spec.binding_form(run)["config"]
     assert "phase1" not in form and "unfreezing" not in form and "log_every_steps" not in form
     assert set(form["head"]) == {"name", "dropout_rate", "cls_mlp"}
     written = spec.resolve(tiny.get_config("three_phases"))
-    assert written.aliases.to_dict() == {} and [b.name for b, _ in written.phase_blocks(2)] == [
-        "head",
-        "top",
-        "all",
-    ]
+    assert written.written and [p.name for p in written.phases] == ["head", "top", "all"]
 
 
 def test_a_recorded_config_reads_against_todays_keys():
@@ -47,7 +54,7 @@ def test_a_recorded_written_schedule_with_alias_keys_still_resolves():
     config.phase1.num_steps = 6
     with pytest.raises(ConfigError, match="phases is written, and config.phase1.num_steps=6"):
         spec.resolve(config)
-    assert [b.name for b, _ in spec.resolve(config, recorded=True).phase_blocks(2)] == ["head", "top", "all"]
+    assert [p.name for p in spec.resolve(config, recorded=True).phases] == ["head", "top", "all"]
 
 
 @pytest.mark.parametrize(

@@ -250,10 +250,9 @@ def recorded_run_config(path: Path) -> ml_collections.ConfigDict:
         )
     config = defaults.get_config()
     overlay_recorded(config, with_legacy_keys(record["config"]))
-    for block in [config.phase1, *config.phases]:
-        # Where the recorded run kept its features (a grid's shared folder, perhaps on another machine)
-        # is no part of what it computes: this run keeps its own.
-        block.feature_cache_dir = ""
+    # Where the recorded run kept its features (a grid's shared folder, perhaps on another machine) is no
+    # part of what it computes: this run keeps its own.
+    config.feature_cache_dir = ""
     return config
 
 
@@ -274,7 +273,7 @@ def overlay_recorded(target: ml_collections.ConfigDict, recorded: Mapping[str, A
 
 
 def _recorded_block(plain: Mapping[str, Any]) -> ml_collections.ConfigDict:
-    options = {k: v for k, v in plain.items() if k in phases.BLOCK_DEFAULTS}
+    options = {k: v for k, v in plain.items() if k in phases.OPTION_KEYS}
     return phases.block(
         plain["name"], rules=plain["rules"], learning_rates=plain["learning_rates"], **options
     )
@@ -282,8 +281,15 @@ def _recorded_block(plain: Mapping[str, Any]) -> ml_collections.ConfigDict:
 
 def with_legacy_keys(plain: Mapping[str, Any]) -> dict[str, Any]:
     """A recorded config (JSON form) with the keys it predates set to what its run did: phases without
-    `gap_metric` compared the task's `legacy_gap_metric` (token accuracy on NER, not entity F1)."""
+    `gap_metric` compared the task's `legacy_gap_metric` (token accuracy on NER, not entity F1); a
+    `feature_cache_dir` in a phase block (before it became a run option) is the run's."""
     plain = copy.deepcopy(dict(plain))
+    phase_blocks = [plain.get("phase1"), *(plain.get("phases") or [])]
+    folders = [
+        b.pop("feature_cache_dir") for b in phase_blocks if isinstance(b, dict) and "feature_cache_dir" in b
+    ]
+    if "feature_cache_dir" not in plain and any(folders):
+        plain["feature_cache_dir"] = next(f for f in folders if f)
     try:
         legacy = tasks.get_task(plain["data"]["task"]).legacy_gap_metric
     except (KeyError, ValueError):  # no task it names now: resolve says so
@@ -361,9 +367,11 @@ def key_comments() -> dict[str, str]:
     from stackft_jax.models.heads import HEADS  # imports flax: only when the comments are wanted
 
     comments = source_comments(Path(defaults.__file__))
-    # A written phase's keys (`phases.<i>.<key>`), from phases.BLOCK_DEFAULTS.
-    phase_keys = source_comments(Path(__file__).resolve().parent / "phases.py")
-    comments.update({f"phases.{key}": text for key, text in phase_keys.items() if "." not in key})
+    # The phase keys' comments are written once, in phases.py: a written phase's (`phases.<i>.<key>`)
+    # and the alias blocks'.
+    comments.update({f"phases.{key}": f.metadata["doc"] for key, f in phases.BLOCK_KEYS.items()})
+    for alias, declared in phases.ALIASES.items():
+        comments.update({f"{alias}.{key}": text for key, text in declared.comments().items()})
     for name, (default_config, _) in HEADS.items():
         head_comments = source_comments(Path(inspect.getsourcefile(default_config)))
         comments.update({f"head.{name}.{key}": text for key, text in head_comments.items()})
@@ -371,16 +379,13 @@ def key_comments() -> dict[str, str]:
 
 
 def _phase_key_comment(key: str, comments: dict[str, str]) -> str | None:
-    """A written phase's key (`phases.<i>.<key>`): phases.py's comment, else the same key's in the
-    phase1/phase2 blocks of config/defaults.py; `learning_rates.<group>` takes `learning_rates`'. Never
-    the comment of `phases` itself, which describes the list."""
+    """A written phase's key (`phases.<i>.<key>`): phases.Phase's comment; `learning_rates.<group>` takes
+    `learning_rates`'. Never the comment of `phases` itself, which describes the list."""
     match = re.fullmatch(r"phases\.\d+\.(.+)", key)
     if match is None:
         return None
     inner = match[1]
-    found = (
-        comments.get(f"phases.{inner}") or comments.get(f"phase1.{inner}") or comments.get(f"phase2.{inner}")
-    )
+    found = comments.get(f"phases.{inner}")
     if found is None and "." in inner:
         found = comments.get(f"phases.{inner.rsplit('.', 1)[0]}")
     return found

@@ -22,6 +22,7 @@ word names a preset of that file, `key=value` sets a key).
 import ml_collections
 from ml_collections.config_dict import placeholder
 
+from stackft_jax.config import phases
 from stackft_jax.models.heads import default_head_configs
 
 
@@ -78,49 +79,15 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.dev_fraction = 0.1  # yahoo_answers without data.dev_file: train share held out as dev
     c.data.truncation = "head"  # yahoo_answers: head (first tokens) | head_tail (first 25% + last 75%)
 
-    c.phase1 = ml_collections.ConfigDict()  # the frozen-backbone phase (stack_only, and s&f's first)
-    c.phase1.learning_rate = 1e-3  # peak learning rate of the head
-    c.phase1.num_steps = 0  # step budget; 0: use num_epochs
-    c.phase1.num_epochs = 1.0  # budget in epochs when num_steps is 0
-    c.phase1.warmup_steps = 0  # linear warm-up steps; 0: use warmup_ratio
-    c.phase1.warmup_ratio = 0.0  # warm-up as a fraction of the budget
-    c.phase1.schedule = "constant"  # constant | warmup_linear | slanted_triangular
-    c.phase1.weight_decay = 0.01  # AdamW decay on kernels and embeddings (never biases, LayerNorm)
-    c.phase1.max_train_dev_gap = 0.02  # stop once the gap metric on train exceeds dev's by this much
-    c.phase1.gap_eval_examples = 2000  # train examples scored (eval mode) to measure that gap
-    # The metric of that gap; "": the task's primary one (accuracy; entity F1 on NER; pearson on STS-B).
-    # Runs recorded before this key compared NER's token accuracy, and read back as such (spec.py).
-    c.phase1.gap_metric = ""
-    c.phase1.patience_evals = 0  # stop after this many evals without dev improvement; 0: off
-    # With backbone dropout off, the frozen backbone maps each example to the same features at every
-    # step, so `feature_cache` can compute them once and train the head on them (stackft_jax/
-    # feature_cache.py). The head keeps its own dropout either way.
-    c.phase1.backbone_dropout = True  # the frozen backbone runs in training mode (with dropout)
-    c.phase1.feature_cache = False  # needs backbone_dropout=False; files under WORKDIR/feature_cache
-    c.phase1.feature_cache_dtype = "float32"  # or "bfloat16": half the disk and page cache
-    c.phase1.feature_cache_dir = ""  # folder shared by runs; "": WORKDIR's or a grid's; "none": WORKDIR's
-
-    c.phase2 = ml_collections.ConfigDict()  # the all-parameters phase (finetune_only, and s&f's second)
-    c.phase2.backbone_learning_rate = 2e-5  # peak learning rate of BERT
-    # 0: new_head_learning_rate for a head that starts the phase untrained (finetune_only), BERT's rate
-    # for one an earlier phase trained (stack-and-finetune's phase 2); > 0: this rate for the head always.
-    c.phase2.head_learning_rate = 0.0
-    c.phase2.new_head_learning_rate = 1e-3  # a new head's rate (docs/finetune_collapse.md)
-    c.phase2.layerwise_lr_decay = 1.0  # < 1: discriminative learning rates per BERT layer
-    c.phase2.num_steps = 0  # step budget; 0: use num_epochs
-    c.phase2.num_epochs = 3.0  # budget in epochs when num_steps is 0
-    c.phase2.warmup_steps = 0  # linear warm-up steps; 0: use warmup_ratio
-    c.phase2.warmup_ratio = 0.1  # warm-up as a fraction of the budget (BERT: 0.1)
-    c.phase2.schedule = "warmup_linear"  # constant | warmup_linear | slanted_triangular
-    c.phase2.weight_decay = 0.01  # AdamW decay on kernels and embeddings (never biases, LayerNorm)
-    c.phase2.patience_evals = 0  # stop after this many evals without dev improvement; 0: off
-
-    c.unfreezing = ml_collections.ConfigDict()  # gradual_unfreezing: the phases after the head's
-    c.unfreezing.layers_per_phase = 1  # layer groups unfrozen per phase, top down (pooler with the top)
-    c.unfreezing.num_steps = 0  # budget of each phase before the last (which is phase2.*); 0: num_epochs
-    c.unfreezing.num_epochs = 1.0  # ULMFiT unfreezes one layer per epoch
-    # Layer i of L trains at decay**(L - i) of phase2.backbone_learning_rate (Sun et al. 2019: 0.95).
-    c.unfreezing.layerwise_lr_decay = 0.95
+    # The inputs of the presets, with their keys' defaults and comments written once, in
+    # stackft_jax/config/phases.py (ALIASES; the Phase keys they carry are Phase's).
+    c.phase1 = phases.ALIASES["phase1"].config()  # the frozen-backbone phase (stack_only, and s&f's first)
+    c.phase2 = phases.ALIASES["phase2"].config()  # the all-parameters phase (finetune_only, and s&f's second)
+    c.unfreezing = phases.ALIASES["unfreezing"].config()  # gradual_unfreezing: the phases after the head's
+    # Where feature-cached phases keep their backbone features: a folder shared by runs (one subfolder
+    # per fingerprint of model, data and options; training/feature_cache.py); "": WORKDIR/feature_cache,
+    # or a grid's shared folder; "none": WORKDIR's, also in a grid.
+    c.feature_cache_dir = ""
 
     # At the end of each frozen-backbone phase: the head's parameter norm, dev ECE and the train/dev gap
     # (results.json `phases[i].boundary`), the gap over this many train examples.

@@ -34,7 +34,8 @@ train the head from backbone features computed once (`feature_cache`, see featur
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import ml_collections
 from ml_collections.config_dict import placeholder
@@ -48,6 +49,18 @@ _PHASE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 FROZEN = "frozen"  # the group of a rule whose parameters a phase does not train (optim.py zeroes them)
 
 
+def rule_of(rules: Sequence[tuple[str, str]], name: str) -> int | None:
+    """The index of the first rule whose regex fully matches the parameter path `name`; None if none
+    does. The one rule matcher: optim.py's labels, check_rules and `EncoderShape.trained_by` read it."""
+    return next((j for j, (pattern, _) in enumerate(rules) if re.fullmatch(pattern, name)), None)
+
+
+def group_of(rules: Sequence[tuple[str, str]], name: str) -> str | None:
+    """The group `name`'s rule gives it (None: no rule matches)."""
+    j = rule_of(rules, name)
+    return None if j is None else rules[j][1]
+
+
 @dataclasses.dataclass(frozen=True)
 class StopRule:
     """A phase stops at the first of: its step budget; the phase's gap metric (`Phase.gap_metric`: the
@@ -59,101 +72,136 @@ class StopRule:
     patience_evals: int | None = None
 
 
+def _key(default: Any, doc: str) -> Any:
+    """A phase key: its default and its comment (`--show_config` prints it), written once, here."""
+    return dataclasses.field(default=default, metadata={"doc": doc})
+
+
 @dataclasses.dataclass(frozen=True)
 class Phase:
-    name: str
-    rules: tuple[tuple[str, str], ...]
-    learning_rates: dict[str, float]
-    num_steps: int
-    warmup_steps: int
-    schedule: str
-    weight_decay: float
-    stop: StopRule
-    gap_eval_examples: int = 0  # train examples scored in eval mode for the train/dev gap
-    gap_metric: str = ""  # the metric that gap compares; "": the task's (TaskSpec.gap_metric)
-    backbone_dropout: bool = True  # False: the backbone runs deterministically, the head keeps dropout
-    feature_cache: bool = False  # train from stored backbone features (frozen, dropout-free backbone)
-    feature_cache_dtype: str = "float32"
-    feature_cache_dir: str = ""  # shared by runs, one folder per fingerprint; "" or "none": the workdir
-    source: str = ""  # the config keys it was written from, for error messages ("config.phases[1]")
+    """One phase of a schedule, and the one place its keys, defaults and comments are written: a written
+    phase block (`block`) has exactly these keys, the presets build phases of this type, and every
+    consumer (training, binding, compute, reports, predict, export) reads the run spec's list of them.
+    Constructing one checks it (ConfigError naming `source`)."""
+
+    name: str = dataclasses.field(
+        metadata={"doc": "names its checkpoints (checkpoints/<name>_end), logs and results"}
+    )
+    rules: tuple[tuple[str, str], ...] = dataclasses.field(
+        metadata={
+            "doc": "(regex, group) over parameter paths; first match wins; group 'frozen' does not train"
+        }
+    )
+    learning_rates: Mapping[str, float] = dataclasses.field(
+        metadata={"doc": "peak learning rate per trained group of `rules` (the group `frozen` has none)"}
+    )
+    num_steps: int = _key(0, "step budget; 0: use num_epochs")
+    num_epochs: float = _key(1.0, "budget in epochs when num_steps is 0")
+    warmup_steps: int = _key(0, "linear warm-up steps; 0: use warmup_ratio")
+    warmup_ratio: float = _key(0.0, "warm-up as a fraction of the budget")
+    schedule: str = _key("constant", "constant | warmup_linear | slanted_triangular")
+    weight_decay: float = _key(0.01, "AdamW decay on kernels and embeddings (never biases, LayerNorm)")
+    max_train_dev_gap: float | None = _key(
+        None, "stop once the gap metric on train exceeds dev's by this much; None: off"
+    )
+    gap_eval_examples: int = _key(0, "train examples scored (eval mode) to measure that gap")
+    gap_metric: str = _key(
+        "",
+        "the metric of that gap; '': the task's primary one (accuracy; entity F1 on NER; pearson on STS-B)",
+    )
+    patience_evals: int = _key(0, "stop after this many evals without dev improvement; 0: off")
+    backbone_dropout: bool = _key(True, "the backbone runs in training mode (with dropout)")
+    feature_cache: bool = _key(
+        False, "train the head on backbone features computed once (needs a frozen backbone without dropout)"
+    )
+    feature_cache_dtype: str = _key("float32", "float32 | bfloat16 (half the disk and page cache)")
+    source: str = ""  # the config keys it was written from, for messages ("config.phases[1] (head)")
 
     def __post_init__(self):
-        if self.feature_cache and (self.backbone_dropout or self.trains_backbone):
+        where = self.source or f"phase {self.name}"
+        object.__setattr__(self, "rules", tuple((str(p), str(g)) for p, g in self.rules))
+        object.__setattr__(
+            self, "learning_rates", {g: float(lr) for g, lr in dict(self.learning_rates).items()}
+        )
+        for j, rule in enumerate(self.rules):
+            try:
+                re.compile(rule[0])
+            except re.error as e:
+                raise ConfigError(
+                    f"{where}.rules[{j}]: {rule[0]!r} is not a regular expression ({e})"
+                ) from None
+        trained = {group for _, group in self.rules if group != FROZEN}
+        if not trained:
+            raise ConfigError(f"{where}.rules: every group is frozen, so the phase would train nothing")
+        without_rate = sorted(trained - set(self.learning_rates))
+        if without_rate:
+            raise ConfigError(f"{where}.learning_rates: its rules' groups {without_rate} have no rate")
+        unused = sorted(set(self.learning_rates) - trained)
+        if unused:
+            raise ConfigError(f"{where}.learning_rates: {unused} name no trained group of its rules")
+        if any(lr <= 0 for lr in self.learning_rates.values()):
+            raise ConfigError(f"{where}.learning_rates: rates must be positive (freeze a group instead)")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"{where}.schedule={self.schedule!r}: choose one of {SCHEDULES}")
+        if self.num_steps <= 0 and self.num_epochs <= 0:
             raise ConfigError(
-                f"{self.source or 'phase ' + self.name}: a feature cache needs a frozen backbone that runs "
-                "without dropout (backbone_dropout=False, every backbone rule in the frozen group)"
+                f"{where}.num_steps and {where}.num_epochs are both 0: the phase would not train"
             )
+        if self.feature_cache_dtype not in FEATURE_CACHE_DTYPES:
+            raise ConfigError(
+                f"{where}.feature_cache_dtype={self.feature_cache_dtype!r}: choose one of "
+                f"{FEATURE_CACHE_DTYPES}"
+            )
+        if self.feature_cache and self.backbone_dropout:
+            raise ConfigError(
+                f"{where}.feature_cache=True needs {where}.backbone_dropout=False: the cache holds the "
+                "frozen backbone's outputs without dropout, and with dropout they change every step"
+            )
+        if self.max_train_dev_gap is None:  # the gap rule's own keys are not read without it
+            object.__setattr__(self, "gap_eval_examples", 0)
+            object.__setattr__(self, "gap_metric", "")
 
     @property
-    def trains_backbone(self) -> bool:
-        """Whether a rule may give a backbone parameter a learning rate; `check_rules` makes it exact."""
-        return any(group != FROZEN and not pattern.startswith("head") for pattern, group in self.rules)
+    def stop(self) -> StopRule:
+        return StopRule(max_train_dev_gap=self.max_train_dev_gap, patience_evals=self.patience_evals or None)
+
+    def budgeted(self, steps_per_epoch: int) -> "Phase":
+        """This phase with its budget in steps: `num_steps`, else `num_epochs` of `steps_per_epoch`; its
+        warm-up likewise (`warmup_steps`, else `warmup_ratio` of the budget)."""
+        steps = self.num_steps or max(1, math.ceil(self.num_epochs * steps_per_epoch))
+        warmup = self.warmup_steps or int(round(self.warmup_ratio * steps))
+        return dataclasses.replace(self, num_steps=steps, warmup_steps=warmup)
+
+    def as_block(self) -> dict[str, Any]:
+        """The phase as a plain block (config.json's form of a written phase)."""
+        return {key: getattr(self, key) for key in BLOCK_KEYS} | {
+            "rules": [list(rule) for rule in self.rules],
+            "learning_rates": dict(self.learning_rates),
+        }
+
+    @classmethod
+    def from_block(cls, block: Mapping[str, Any], source: str) -> "Phase":
+        """A written phase block (`block`, or its JSON form) as a phase, its keys checked."""
+        keys = set(block.keys())
+        unknown = sorted(keys - set(BLOCK_KEYS))
+        if unknown:
+            raise ConfigError(f"{source}: unknown keys {unknown}; a phase has {sorted(BLOCK_KEYS)}")
+        missing = sorted({"name", "rules", "learning_rates"} - keys)
+        if missing:
+            raise ConfigError(f"{source}: missing keys {missing}; write phases with phases.block()")
+        for j, rule in enumerate(block["rules"]):
+            if len(rule) != 2 or not all(isinstance(part, str) for part in rule):
+                raise ConfigError(f"{source}.rules[{j}]={rule!r}: a rule is a (regex, group) pair")
+        values = {key: block[key] for key in BLOCK_KEYS if key in keys}
+        return cls(**values, source=source)
 
 
-# One phase of `config.phases`: every key a phase has, with its default (`block` copies them: a
-# placeholder is a shared reference, so each block needs its own).
-BLOCK_DEFAULTS = {
-    "num_steps": 0,  # step budget; 0: use num_epochs
-    "num_epochs": 1.0,  # budget in epochs when num_steps is 0
-    "warmup_steps": 0,  # linear warm-up steps; 0: use warmup_ratio
-    "warmup_ratio": 0.0,  # warm-up as a fraction of the budget
-    "schedule": "constant",  # constant | warmup_linear | slanted_triangular
-    "weight_decay": 0.01,  # AdamW decay on kernels and embeddings
-    "max_train_dev_gap": placeholder(float),  # stop once train accuracy exceeds dev by this; None: off
-    "gap_eval_examples": 0,  # train examples scored to measure that gap
-    "gap_metric": "",  # the metric of that gap; "": the task's primary one (entity F1 on NER)
-    "patience_evals": 0,  # stop after this many evals without dev improvement; 0: off
-    "backbone_dropout": True,  # the backbone runs in training mode (with dropout)
-    "feature_cache": False,  # train the head on stored backbone features (frozen, dropout-free)
-    "feature_cache_dtype": "float32",  # float32 | bfloat16
-    "feature_cache_dir": "",  # folder shared by runs; "": the workdir's (or the grid's)
+# Every key of a phase block with its default ("name", "rules", "learning_rates" have none) and comment.
+BLOCK_KEYS: dict[str, dataclasses.Field] = {
+    f.name: f for f in dataclasses.fields(Phase) if "doc" in f.metadata
 }
-
-
-# The alias blocks `phase1.*`, `phase2.*` and `unfreezing.*` (config/defaults.py writes them with their
-# comments; tests/test_spec.py holds the two equal): the inputs of the presets, which turn them into
-# phase blocks. With `config.phases` written they do not apply, and spec.resolve refuses a changed one.
-ALIAS_DEFAULTS = {
-    "phase1": {
-        "learning_rate": 1e-3,
-        "num_steps": 0,
-        "num_epochs": 1.0,
-        "warmup_steps": 0,
-        "warmup_ratio": 0.0,
-        "schedule": "constant",
-        "weight_decay": 0.01,
-        "max_train_dev_gap": 0.02,
-        "gap_eval_examples": 2000,
-        "gap_metric": "",
-        "patience_evals": 0,
-        "backbone_dropout": True,
-        "feature_cache": False,
-        "feature_cache_dtype": "float32",
-        "feature_cache_dir": "",
-    },
-    "phase2": {
-        "backbone_learning_rate": 2e-5,
-        "head_learning_rate": 0.0,
-        "new_head_learning_rate": 1e-3,
-        "layerwise_lr_decay": 1.0,
-        "num_steps": 0,
-        "num_epochs": 3.0,
-        "warmup_steps": 0,
-        "warmup_ratio": 0.1,
-        "schedule": "warmup_linear",
-        "weight_decay": 0.01,
-        "patience_evals": 0,
-    },
-    "unfreezing": {"layers_per_phase": 1, "num_steps": 0, "num_epochs": 1.0, "layerwise_lr_decay": 0.95},
-}
-
-
-def clear_aliases(config: ml_collections.ConfigDict) -> None:
-    """Resets the alias blocks to their defaults: a config file that writes `config.phases` on top of a
-    base that set `phase1.*`/`phase2.*` keys (configs/tiny.py's three_phases)."""
-    for alias, defaults in ALIAS_DEFAULTS.items():
-        for key, value in defaults.items():
-            config[alias][key] = value
+OPTION_KEYS = tuple(key for key, f in BLOCK_KEYS.items() if f.default is not dataclasses.MISSING)
+BLOCK_DEFAULTS = {key: BLOCK_KEYS[key].default for key in OPTION_KEYS}
 
 
 def block(
@@ -165,41 +213,147 @@ def block(
 ) -> ml_collections.ConfigDict:
     """One phase for `config.phases`, e.g.
     `block("head", rules=[("backbone/.*", "frozen"), ("head/.*", "head")], learning_rates={"head": 1e-3},
-    num_steps=100)`; `options` are keys of BLOCK_DEFAULTS."""
-    unknown = sorted(set(options) - set(BLOCK_DEFAULTS))
+    num_steps=100)`; `options` are the keys of `Phase` (BLOCK_DEFAULTS)."""
+    unknown = sorted(set(options) - set(OPTION_KEYS))
     if unknown:
-        raise ConfigError(f"phase {name!r}: unknown keys {unknown}; a phase has {sorted(BLOCK_DEFAULTS)}")
+        moved = (
+            " (feature_cache_dir is a run option now: config.feature_cache_dir)"
+            if "feature_cache_dir" in unknown
+            else ""
+        )
+        raise ConfigError(f"phase {name!r}: unknown keys {unknown}; a phase has {sorted(OPTION_KEYS)}{moved}")
     c = ml_collections.ConfigDict(
         {
-            "name": name,  # names its checkpoints (checkpoints/<name>_end), logs and results
-            "rules": [tuple(rule) for rule in rules],  # (regex, group) over parameter paths; first match wins
-            # peak learning rate per trained group of `rules` (the group `frozen` has none)
+            "name": name,
+            "rules": [tuple(rule) for rule in rules],
             "learning_rates": ml_collections.ConfigDict({g: float(lr) for g, lr in learning_rates.items()}),
-            **BLOCK_DEFAULTS,
-            "max_train_dev_gap": placeholder(float),
         }
     )
+    for key in OPTION_KEYS:  # a placeholder is a shared reference, so each block makes its own
+        default = BLOCK_DEFAULTS[key]
+        c[key] = placeholder(float) if default is None else default
     for key, value in options.items():
         c[key] = float(value) if isinstance(BLOCK_DEFAULTS[key], float) and value is not None else value
     return c
 
 
-def _frozen_backbone_block(name: str, config: ml_collections.ConfigDict, *, guard: bool):
+@dataclasses.dataclass(frozen=True)
+class AliasBlock:
+    """One of the blocks `phase1.*`, `phase2.*`, `unfreezing.*` that the presets read: its own keys
+    (rates, decays) with defaults and comments, and the `Phase` keys it carries into the phases it
+    feeds, with the defaults that differ from Phase's (the comments are Phase's)."""
+
+    doc: str
+    own: Mapping[str, tuple[Any, str]]
+    phase_keys: tuple[str, ...]
+    defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def config(self) -> ml_collections.ConfigDict:
+        c = ml_collections.ConfigDict({key: default for key, (default, _) in self.own.items()})
+        for key in self.phase_keys:
+            c[key] = self.defaults.get(key, BLOCK_DEFAULTS[key])
+        return c
+
+    def comments(self) -> dict[str, str]:
+        return {key: doc for key, (_, doc) in self.own.items()} | {
+            key: BLOCK_KEYS[key].metadata["doc"] for key in self.phase_keys
+        }
+
+    def phase_options(self, values: ml_collections.ConfigDict) -> dict[str, Any]:
+        """Its Phase keys' values, for a phase it feeds."""
+        return {key: values[key] for key in self.phase_keys}
+
+
+_BUDGET = ("num_steps", "num_epochs", "warmup_steps", "warmup_ratio", "schedule", "weight_decay")
+# The inputs of the presets (config/defaults.py builds `config.phase1` etc. from these). With
+# `config.phases` written they do not apply, and spec.resolve refuses a changed one.
+ALIASES: dict[str, AliasBlock] = {
+    "phase1": AliasBlock(
+        doc="the frozen-backbone phase (stack_only, and stack-and-finetune's first)",
+        own={"learning_rate": (1e-3, "peak learning rate of the head")},
+        phase_keys=(
+            *_BUDGET,
+            "max_train_dev_gap",
+            "gap_eval_examples",
+            "gap_metric",
+            "patience_evals",
+            "backbone_dropout",
+            "feature_cache",
+            "feature_cache_dtype",
+        ),
+        defaults={"max_train_dev_gap": 0.02, "gap_eval_examples": 2000},
+    ),
+    "phase2": AliasBlock(
+        doc="the all-parameters phase (finetune_only, and stack-and-finetune's second)",
+        own={
+            "backbone_learning_rate": (2e-5, "peak learning rate of BERT"),
+            "head_learning_rate": (
+                0.0,
+                "0: new_head_learning_rate for a head that starts the phase untrained (finetune_only), "
+                "BERT's rate for one an earlier phase trained (stack-and-finetune's phase 2); > 0: this "
+                "rate for the head always",
+            ),
+            "new_head_learning_rate": (1e-3, "a new head's rate (docs/finetune_collapse.md)"),
+            "layerwise_lr_decay": (1.0, "< 1: discriminative learning rates per BERT layer"),
+        },
+        phase_keys=(*_BUDGET, "patience_evals"),
+        defaults={"num_epochs": 3.0, "warmup_ratio": 0.1, "schedule": "warmup_linear"},
+    ),
+    "unfreezing": AliasBlock(
+        doc="gradual_unfreezing: the phases between the head's and the last (which is phase2.*)",
+        own={
+            "layers_per_phase": (1, "layer groups unfrozen per phase, top down (pooler with the top)"),
+            "layerwise_lr_decay": (
+                0.95,
+                "layer i of L trains at decay**(L - i) of phase2.backbone_learning_rate (Sun et al. 2019)",
+            ),
+        },
+        phase_keys=("num_steps", "num_epochs"),
+        defaults={},
+    ),
+}
+
+
+def clear_aliases(config: ml_collections.ConfigDict) -> None:
+    """Resets the alias blocks to their defaults: a config file that writes `config.phases` on top of a
+    base that set `phase1.*`/`phase2.*` keys (configs/tiny.py's three_phases)."""
+    for alias, declared in ALIASES.items():
+        for key, value in declared.config().items():
+            config[alias][key] = value
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderShape:
+    """What the presets and checks need of the encoder, read from its config (spec.resolve): its depth,
+    whether its family has a pooler, and its parameter paths (`backbone/...`)."""
+
+    num_layers: int
+    has_pooler: bool
+    parameters: tuple[str, ...]
+
+    def trained_by(self, phase: Phase) -> list[str]:
+        """The backbone parameters `phase`'s rules give a learning rate."""
+        return [name for name in self.parameters if group_of(phase.rules, name) not in (FROZEN, None)]
+
+    def trains(self, phase: Phase) -> bool:
+        """Whether `phase` trains any backbone parameter (so backpropagates through the backbone): the one
+        answer that training, compute and reports read."""
+        return bool(self.trained_by(phase))
+
+
+def _frozen_backbone_phase(name: str, aliases: ml_collections.ConfigDict, *, guard: bool) -> Phase:
     """phase1.* as a phase: the head alone. `guard` keeps the overfitting rule (a phase that a
     fine-tuning phase follows); without it the head trains its full budget (or until dev stalls)."""
-    p1 = config.phase1
-    return block(
+    p1 = aliases.phase1
+    options = ALIASES["phase1"].phase_options(p1)
+    if not guard:
+        options["max_train_dev_gap"] = None
+    return Phase(
         name,
-        rules=[("backbone/.*", FROZEN), ("head/.*", "head")],
+        rules=(("backbone/.*", FROZEN), ("head/.*", "head")),
         learning_rates={"head": p1.learning_rate},
-        **{key: p1[key] for key in ("num_steps", "num_epochs", "warmup_steps", "warmup_ratio")},
-        **{key: p1[key] for key in ("schedule", "weight_decay", "patience_evals", "backbone_dropout")},
-        max_train_dev_gap=p1.max_train_dev_gap if guard else None,
-        gap_eval_examples=p1.gap_eval_examples if guard else 0,
-        gap_metric=p1.gap_metric if guard else "",
-        feature_cache=p1.feature_cache,
-        feature_cache_dtype=p1.feature_cache_dtype,
-        feature_cache_dir=p1.feature_cache_dir,
+        source="config.phase1",
+        **options,
     )
 
 
@@ -250,54 +404,52 @@ def head_rate(config: ml_collections.ConfigDict, *, head_is_new: bool) -> float:
     return p2.new_head_learning_rate if head_is_new else p2.backbone_learning_rate
 
 
-def _everything_block(
-    name: str, config: ml_collections.ConfigDict, num_layers: int, has_pooler: bool, *, head_rate: float
-) -> ml_collections.ConfigDict:
+def _everything_phase(
+    name: str, aliases: ml_collections.ConfigDict, shape: EncoderShape, *, head_rate: float
+) -> Phase:
     """phase2.* as a phase: the backbone (per-layer groups when layerwise_lr_decay < 1) and the head."""
-    p2 = config.phase2
+    p2 = aliases.phase2
     decay = p2.layerwise_lr_decay
-    return block(
+    return Phase(
         name,
-        rules=[*backbone_rules(num_layers, decay, has_pooler), ("head/.*", "head")],
+        rules=(*backbone_rules(shape.num_layers, decay, shape.has_pooler), ("head/.*", "head")),
         learning_rates={
-            **backbone_learning_rates(p2.backbone_learning_rate, num_layers, decay, has_pooler),
+            **backbone_learning_rates(p2.backbone_learning_rate, shape.num_layers, decay, shape.has_pooler),
             "head": head_rate,
         },
-        **{key: p2[key] for key in ("num_steps", "num_epochs", "warmup_steps", "warmup_ratio")},
-        **{key: p2[key] for key in ("schedule", "weight_decay", "patience_evals")},
+        source="config.phase2",
+        **ALIASES["phase2"].phase_options(p2),
     )
 
 
-def _finetune_only(config, num_layers, has_pooler):
-    rate = head_rate(config, head_is_new=True)
-    return [(_everything_block("finetune", config, num_layers, has_pooler, head_rate=rate), "config.phase2")]
+def _finetune_only(aliases, shape):
+    return [_everything_phase("finetune", aliases, shape, head_rate=head_rate(aliases, head_is_new=True))]
 
 
-def _finetune_only_uniform(config, num_layers, has_pooler):
-    rate = config.phase2.head_learning_rate or config.phase2.backbone_learning_rate
-    return [(_everything_block("finetune", config, num_layers, has_pooler, head_rate=rate), "config.phase2")]
+def _finetune_only_uniform(aliases, shape):
+    rate = aliases.phase2.head_learning_rate or aliases.phase2.backbone_learning_rate
+    return [_everything_phase("finetune", aliases, shape, head_rate=rate)]
 
 
-def _stack_only(config, num_layers, has_pooler):
+def _stack_only(aliases, shape):
     # No fine-tuning phase follows, so there is nothing to guard the head for: it trains its full
     # budget (or until dev stops improving) and the best-on-dev checkpoint is kept.
-    return [(_frozen_backbone_block("stack", config, guard=False), "config.phase1")]
+    return [_frozen_backbone_phase("stack", aliases, guard=False)]
 
 
-def _stack_and_finetune(config, num_layers, has_pooler):
-    rate = head_rate(config, head_is_new=False)
+def _stack_and_finetune(aliases, shape):
     return [
-        (_frozen_backbone_block("phase1", config, guard=True), "config.phase1"),
-        (_everything_block("phase2", config, num_layers, has_pooler, head_rate=rate), "config.phase2"),
+        _frozen_backbone_phase("phase1", aliases, guard=True),
+        _everything_phase("phase2", aliases, shape, head_rate=head_rate(aliases, head_is_new=False)),
     ]
 
 
-def _gradual_unfreezing(config, num_layers, has_pooler):
+def _gradual_unfreezing(aliases, shape):
     """ULMFiT's schedule on BERT: the head first, then `layers_per_phase` more layer groups per phase,
     top down; layer i of L trains at decay**(L - i) of phase2's rate (the pooler at the full rate, the
     embeddings one step below layer 0), each group at the same rate in every phase it trains in."""
-    u, p2 = config.unfreezing, config.phase2
-    units = _layer_units(num_layers, has_pooler)
+    u, p2, num_layers = aliases.unfreezing, aliases.phase2, shape.num_layers
+    units = _layer_units(num_layers, shape.has_pooler)
     rates = {
         "backbone": p2.backbone_learning_rate,
         **{
@@ -306,40 +458,39 @@ def _gradual_unfreezing(config, num_layers, has_pooler):
         },
         "backbone_embeddings": p2.backbone_learning_rate * u.layerwise_lr_decay ** (num_layers + 1),
     }
-    head_lr = head_rate(config, head_is_new=False)  # the first phase trained it
-    plan = [(_frozen_backbone_block("head", config, guard=True), "config.phase1")]
+    head_lr = head_rate(aliases, head_is_new=False)  # the first phase trained it
+    plan = [_frozen_backbone_phase("head", aliases, guard=True)]
     for end in range(u.layers_per_phase, len(units) + u.layers_per_phase, u.layers_per_phase):
         unfrozen = [rule for unit in units[:end] for rule in unit]
         last = end >= len(units)
         lowest = unfrozen[-1][1].removeprefix("backbone_")
         groups = {group for _, group in unfrozen}
-        options = (
-            {key: p2[key] for key in ("num_steps", "num_epochs", "warmup_steps", "warmup_ratio")}
-            | {key: p2[key] for key in ("schedule", "weight_decay", "patience_evals")}
-            if last
-            else {"num_steps": u.num_steps, "num_epochs": u.num_epochs, "weight_decay": p2.weight_decay}
+        if last:
+            options, source = ALIASES["phase2"].phase_options(p2), "config.phase2"
+        else:
+            options = ALIASES["unfreezing"].phase_options(u) | {"weight_decay": p2.weight_decay}
+            source = "config.unfreezing"
+        plan.append(
+            Phase(
+                f"unfreeze_{lowest}",
+                rules=(*unfrozen, *([] if last else [("backbone/.*", FROZEN)]), ("head/.*", "head")),
+                learning_rates={**{g: rates[g] for g in rates if g in groups}, "head": head_lr},
+                source=source,
+                **options,
+            )
         )
-        phase = block(
-            f"unfreeze_{lowest}",
-            rules=[*unfrozen, *([] if last else [("backbone/.*", FROZEN)]), ("head/.*", "head")],
-            learning_rates={**{g: rates[g] for g in rates if g in groups}, "head": head_lr},
-            **options,
-        )
-        plan.append((phase, "config.phase2" if last else "config.unfreezing"))
     return plan
 
 
-def _lp_ft(config, num_layers, has_pooler):
-    rate = head_rate(config, head_is_new=False)
+def _lp_ft(aliases, shape):
     return [
-        (_frozen_backbone_block("linear_probe", config, guard=False), "config.phase1"),
-        (_everything_block("finetune", config, num_layers, has_pooler, head_rate=rate), "config.phase2"),
+        _frozen_backbone_phase("linear_probe", aliases, guard=False),
+        _everything_phase("finetune", aliases, shape, head_rate=head_rate(aliases, head_is_new=False)),
     ]
 
 
-# name -> (config, number of encoder layers, whether the encoder has a pooler)
-#      -> [(phase block, the config keys it comes from)]
-PRESETS: dict[str, Callable] = {
+# name -> (the alias blocks it reads, the encoder's shape) -> its phases
+PRESETS: dict[str, Callable[[ml_collections.ConfigDict, EncoderShape], list[Phase]]] = {
     "finetune_only": _finetune_only,
     "finetune_only_uniform": _finetune_only_uniform,
     "stack_only": _stack_only,
@@ -359,16 +510,9 @@ PRESET_ALIASES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _num_steps(b: ml_collections.ConfigDict, steps_per_epoch: int, source: str) -> int:
-    if b.num_steps > 0:
-        return int(b.num_steps)
-    if b.num_epochs > 0:
-        return max(1, math.ceil(b.num_epochs * steps_per_epoch))
-    raise ConfigError(f"{source}.num_steps and {source}.num_epochs are both 0: the phase would not train")
-
-
-def check_config(config: ml_collections.ConfigDict) -> None:
-    """What can be checked before the model exists: the strategy's name, and each phase's keys."""
+def expand(config: ml_collections.ConfigDict, shape: EncoderShape) -> tuple[Phase, ...]:
+    """The schedule as phases, checked: `config.phases`, or the preset `config.strategy` names, built for
+    the encoder's real shape (its depth, its pooler, its parameters)."""
     if not config.phases:
         if config.strategy not in PRESETS:
             raise ConfigError(
@@ -376,139 +520,55 @@ def check_config(config: ml_collections.ConfigDict) -> None:
             )
         if config.strategy == "gradual_unfreezing" and config.unfreezing.layers_per_phase < 1:
             raise ConfigError("config.unfreezing.layers_per_phase must be at least 1")
-        for b, source in PRESETS[config.strategy](config, 2, True):  # the layer count changes no key
-            _check_block(b, source)
-        return
-    if config.strategy in PRESETS:
-        raise ConfigError(
-            f"config.phases is written, and config.strategy={config.strategy!r} names a preset: give the "
-            "schedule its own name (config.strategy labels it in results and reports)"
-        )
-    names = []
-    for i, b in enumerate(config.phases):
-        source = f"config.phases[{i}]"
-        missing = {"name", "rules", "learning_rates", *BLOCK_DEFAULTS} - set(b.keys())
-        if missing:
-            raise ConfigError(f"{source}: missing keys {sorted(missing)}; write phases with phases.block()")
-        if not _PHASE_NAME.match(b.name) or b.name == "best" or b.name.endswith("_end"):
+        plan = PRESETS[config.strategy](config, shape)
+    else:
+        if config.strategy in PRESETS:
             raise ConfigError(
-                f"{source}.name={b.name!r}: letters, digits, '_', '.', '-'; not 'best' or ending in '_end' "
-                "(checkpoint folders)"
+                f"config.phases is written, and config.strategy={config.strategy!r} names a preset: give "
+                "the schedule its own name (config.strategy labels it in results and reports)"
             )
-        names.append(b.name)
-        _check_block(b, f"{source} ({b.name})")
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        raise ConfigError(f"config.phases: phase names {repeated} repeat (each names its checkpoints)")
+        plan = [_written_phase(b, i) for i, b in enumerate(config.phases)]
+        names = [phase.name for phase in plan]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ConfigError(f"config.phases: phase names {repeated} repeat (each names its checkpoints)")
+    for phase in plan:
+        trained = shape.trained_by(phase)
+        if phase.feature_cache and trained:
+            raise ConfigError(
+                f"{phase.source}: feature_cache=True, but its rules train backbone parameters "
+                f"(e.g. {trained[0]!r}); the cache holds a frozen backbone's outputs"
+            )
+    return tuple(plan)
 
 
-def _check_block(b: ml_collections.ConfigDict, source: str) -> None:
-    groups = []
-    for j, rule in enumerate(b.rules):
-        if len(rule) != 2 or not all(isinstance(part, str) for part in rule):
-            raise ConfigError(f"{source}.rules[{j}]={rule!r}: a rule is a (regex, group) pair")
-        try:
-            re.compile(rule[0])
-        except re.error as e:
-            raise ConfigError(f"{source}.rules[{j}]: {rule[0]!r} is not a regular expression ({e})") from None
-        groups.append(rule[1])
-    trained = {g for g in groups if g != FROZEN}
-    if not trained:
-        raise ConfigError(f"{source}.rules: every group is frozen, so the phase would train nothing")
-    without_rate = sorted(trained - set(b.learning_rates.keys()))
-    if without_rate:
-        raise ConfigError(f"{source}.learning_rates: its rules' groups {without_rate} have no rate")
-    unused = sorted(set(b.learning_rates.keys()) - trained)
-    if unused:
-        raise ConfigError(f"{source}.learning_rates: {unused} name no trained group of its rules")
-    if any(lr <= 0 for lr in b.learning_rates.values()):
-        raise ConfigError(f"{source}.learning_rates: rates must be positive (freeze a group instead)")
-    if b.schedule not in SCHEDULES:
-        raise ConfigError(f"{source}.schedule={b.schedule!r}: choose one of {SCHEDULES}")
-    if b.num_steps <= 0 and b.num_epochs <= 0:
-        raise ConfigError(f"{source}.num_steps and {source}.num_epochs are both 0: the phase would not train")
-    if b.feature_cache_dtype not in FEATURE_CACHE_DTYPES:
+def _written_phase(b: ml_collections.ConfigDict, index: int) -> Phase:
+    source = f"config.phases[{index}]"
+    name = b.get("name")
+    if not isinstance(name, str) or not _PHASE_NAME.match(name) or name == "best" or name.endswith("_end"):
         raise ConfigError(
-            f"{source}.feature_cache_dtype={b.feature_cache_dtype!r}: choose one of {FEATURE_CACHE_DTYPES}"
+            f"{source}.name={name!r}: letters, digits, '_', '.', '-'; not 'best' or ending in '_end' "
+            "(checkpoint folders)"
         )
-
-
-def expand(
-    config: ml_collections.ConfigDict, num_layers: int, *, has_pooler: bool = True
-) -> list[tuple[ml_collections.ConfigDict, str]]:
-    """The schedule as (phase block, source) pairs: `config.phases`, or the preset `config.strategy` names.
-    `has_pooler`: the encoder family has a `backbone/pooler` (models/bert.py FAMILIES)."""
-    if config.phases:
-        return [(b, f"config.phases[{i}] ({b.name})") for i, b in enumerate(config.phases)]
-    return PRESETS[config.strategy](config, num_layers, has_pooler)
-
-
-def to_phase(b: ml_collections.ConfigDict, steps_per_epoch: int, source: str) -> Phase:
-    num_steps = _num_steps(b, steps_per_epoch, source)
-    return Phase(
-        name=b.name,
-        rules=tuple((pattern, group) for pattern, group in b.rules),
-        learning_rates=dict(b.learning_rates.items()),
-        num_steps=num_steps,
-        warmup_steps=b.warmup_steps or int(round(b.warmup_ratio * num_steps)),
-        schedule=b.schedule,
-        weight_decay=b.weight_decay,
-        stop=StopRule(max_train_dev_gap=b.max_train_dev_gap, patience_evals=b.patience_evals or None),
-        gap_eval_examples=b.gap_eval_examples if b.max_train_dev_gap is not None else 0,
-        gap_metric=b.gap_metric if b.max_train_dev_gap is not None else "",
-        backbone_dropout=b.backbone_dropout,
-        feature_cache=b.feature_cache,
-        feature_cache_dtype=b.feature_cache_dtype,
-        feature_cache_dir=b.feature_cache_dir,
-        source=source,
-    )
-
-
-def phases_for(
-    config: ml_collections.ConfigDict, steps_per_epoch: int, num_layers: int, *, has_pooler: bool = True
-) -> list[Phase]:
-    check_config(config)
-    plan = expand(config, num_layers, has_pooler=has_pooler)
-    return [to_phase(b, steps_per_epoch, source) for b, source in plan]
+    return Phase.from_block(b, f"{source} ({name})")
 
 
 def check_rules(plan: Sequence[Phase], param_names: Sequence[str]) -> None:
     """Each phase's rules against the model's parameter paths, before any phase trains: every rule
-    labels some parameter (one that no earlier rule took), every parameter gets a rule, and a phase
-    training from a feature cache trains no backbone parameter."""
+    labels some parameter (one that no earlier rule took), and every parameter gets a rule."""
     for phase in plan:
-        compiled = [re.compile(pattern) for pattern, _ in phase.rules]
-        labelled = [0] * len(compiled)
-        trained_backbone = []
+        labelled = dict.fromkeys(range(len(phase.rules)), 0)
         for name in param_names:
-            j = next((j for j, c in enumerate(compiled) if c.fullmatch(name)), None)
+            j = rule_of(phase.rules, name)
             if j is None:
                 raise ConfigError(f"{phase.source}.rules: parameter {name!r} matches no rule")
             labelled[j] += 1
-            if name.startswith("backbone/") and phase.rules[j][1] != FROZEN:
-                trained_backbone.append(name)
-        for j, count in enumerate(labelled):
+        for j, count in labelled.items():
             if not count:
                 raise ConfigError(
                     f"{phase.source}.rules[{j}]={phase.rules[j]!r} matches no parameter that an earlier rule "
                     f"did not take (parameters look like {param_names[0]!r})"
                 )
-        if phase.feature_cache and trained_backbone:
-            raise ConfigError(
-                f"{phase.source}: feature_cache=True, but its rules train backbone parameters "
-                f"(e.g. {trained_backbone[0]!r}); the cache holds a frozen backbone's outputs"
-            )
-
-
-def trains_backbone(phase: Phase, param_names: Sequence[str]) -> bool:
-    """Whether `phase` gives any backbone parameter a learning rate (its rules applied to the names)."""
-    compiled = [(re.compile(pattern), group) for pattern, group in phase.rules]
-    for name in param_names:
-        if name.startswith("backbone/"):
-            group = next((g for c, g in compiled if c.fullmatch(name)), FROZEN)
-            if group != FROZEN:
-                return True
-    return False
 
 
 def budget_reason(num_steps: int) -> str:

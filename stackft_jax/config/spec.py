@@ -2,16 +2,18 @@
 
     run_spec = spec.resolve(config)   # ConfigError (one line, naming the keys) on anything wrong
 
-The spec holds what a run uses and nothing else: the configured task, the model, the chosen head's
-block (not every head's), the phases (either `config.phases` or the preset `config.strategy` names,
-with only the `phase1.*`/`phase2.*`/`unfreezing.*` alias blocks that preset reads) and the run options.
-`binding_form` is its plain form for workdir binding (workdirs.py): adding a head, a task or a key with a
-default leaves an old workdir's form unchanged, and a preset binds the phases it builds, not its inputs.
+The spec holds what a run uses and nothing else: the configured task, the model and its encoder's shape
+(read from its config.json), the chosen head's block (not every head's), the concrete phases (either
+`config.phases`, or the preset `config.strategy` names built for that encoder's depth and pooler) and
+the run options. `binding_form` is its plain form for workdir binding (workdirs.py): adding a head, a
+task or a key with a default leaves an old workdir's form unchanged, and a preset binds the phases it
+builds, not its inputs.
 
-Nothing here imports jax itself (the task and head registries it reads do, but no backend starts).
+No backend starts here: the encoder's shape is read with an abstract model (nnx.eval_shape).
 """
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -39,14 +41,18 @@ _POSITIVE = (
     "eval_per_device_batch_size",
     "max_seq_length",
 )
-# Keys that change how a run is watched or stored, never what it computes: left out of the binding form.
-_NEUTRAL = (
+# Keys that change how a run is watched or stored, never what it computes: left out of the binding form
+# and of the comparison of two records (workdirs.config_differences).
+RESULT_NEUTRAL_KEYS = (
     "log_every_steps",
     "checkpoint_every_steps",
     "keep_checkpoints",
     "async_checkpointing",
     "eval_per_device_batch_size",
     "compilation_cache_dir",
+    "feature_cache_dir",  # the cache is content-addressed (training/feature_cache.py)
+    "data.cache_dir",
+    "model.allow_pickle",
     "matched_budget",  # a record of how a grid chose the step count (experiments/budgets.py)
 )
 
@@ -96,39 +102,51 @@ class RunSpec:
     keep_checkpoints: int
     async_checkpointing: bool
     compilation_cache_dir: str
+    feature_cache_dir: str  # "": the workdir's (or a grid's); "none": the workdir's; else a shared folder
     model: ModelSpec
+    encoder: phases.EncoderShape  # read from the model's config.json (with model.config_overrides)
     # The chosen head: {name, dropout_rate, <name>: its block}, the form heads.build_head reads.
     head: ml_collections.ConfigDict
     data: DataSpec
     task: TaskSpec = dataclasses.field(compare=False)  # configured by data.* (TaskSpec.configure)
-    # The schedule: (phase block, source) pairs of config.phases, or None for a preset...
-    written_phases: tuple[tuple[ml_collections.ConfigDict, str], ...] | None
-    # ...whose inputs are these alias blocks (only those it reads: phase1, phase2, unfreezing).
-    aliases: ml_collections.ConfigDict
+    # The schedule: config.phases, or the preset config.strategy names, built for `encoder`; budgets
+    # may be in epochs (`plan` gives them in steps).
+    phases: tuple[phases.Phase, ...]
     raw: dict[str, Any] = dataclasses.field(compare=False, repr=False)  # the config, plain (results.json)
 
-    def phase_blocks(self, num_layers: int, *, has_pooler: bool = True):
-        """The schedule as (phase block, source) pairs for an encoder of `num_layers` layers."""
-        if self.written_phases is not None:
-            return list(self.written_phases)
-        return phases.PRESETS[self.strategy](self.aliases, num_layers, has_pooler)
+    @property
+    def written(self) -> bool:
+        """Whether the config wrote its schedule (`config.phases`) rather than naming a preset."""
+        return bool(self.raw["phases"])
 
-    def plan(self, steps_per_epoch: int, num_layers: int, *, has_pooler: bool = True) -> list[phases.Phase]:
-        return [
-            phases.to_phase(b, steps_per_epoch, source)
-            for b, source in self.phase_blocks(num_layers, has_pooler=has_pooler)
-        ]
+    def plan(self, steps_per_epoch: int) -> list[phases.Phase]:
+        """The phases with their budgets in steps, for a train split of `steps_per_epoch` batches."""
+        return [phase.budgeted(steps_per_epoch) for phase in self.phases]
 
 
-def resolve(config: ml_collections.ConfigDict, *, recorded: bool = False) -> RunSpec:
+def resolve(
+    config: ml_collections.ConfigDict, *, recorded: bool = False, encoder: phases.EncoderShape | None = None
+) -> RunSpec:
     """The run `config` describes, every key checked (ConfigError, or FileNotFoundError for a missing
     data file). `recorded`: a config a workdir recorded (run_params, binding), whose files need not
     exist now and whose refusals that older versions did not make (an alias key beside a written
-    schedule, an inert gap rule) are left out: its run went on without them."""
+    schedule, an inert gap rule) are left out: its run went on without them. `encoder`: the encoder's
+    shape when the caller has it (else read from the model's config.json, downloaded for a hub id)."""
     _check_options(config)
     task = _task(config)
     head = _head(config, task)
-    written, aliases = _schedule(config, check_aliases=not recorded)
+    if not recorded:
+        _check_aliases(config)
+    model = ModelSpec(
+        name_or_path=config.model.name_or_path,
+        init=config.model.init,
+        dtype=config.model.dtype,
+        scalar_mix=config.model.scalar_mix,
+        dropout_rate=config.model.dropout_rate,
+        config_overrides={k: v for k, v in config.model.config_overrides.items() if v},
+        allow_pickle=config.model.allow_pickle,
+    )
+    encoder = encoder or encoder_shape(model.name_or_path, model.config_overrides)
     data = config.data
     spec = RunSpec(
         strategy=config.strategy,
@@ -146,15 +164,9 @@ def resolve(config: ml_collections.ConfigDict, *, recorded: bool = False) -> Run
         keep_checkpoints=config.keep_checkpoints,
         async_checkpointing=config.async_checkpointing,
         compilation_cache_dir=config.compilation_cache_dir,
-        model=ModelSpec(
-            name_or_path=config.model.name_or_path,
-            init=config.model.init,
-            dtype=config.model.dtype,
-            scalar_mix=config.model.scalar_mix,
-            dropout_rate=config.model.dropout_rate,
-            config_overrides={k: v for k, v in config.model.config_overrides.items() if v},
-            allow_pickle=config.model.allow_pickle,
-        ),
+        feature_cache_dir=config.feature_cache_dir,
+        model=model,
+        encoder=encoder,
         head=head,
         data=DataSpec(
             task=data.task,
@@ -169,8 +181,7 @@ def resolve(config: ml_collections.ConfigDict, *, recorded: bool = False) -> Run
             },
         ),
         task=task,
-        written_phases=written,
-        aliases=aliases,
+        phases=phases.expand(config, encoder),
         raw=config_cli.to_plain(config),
     )
     if not recorded:
@@ -280,13 +291,45 @@ def _head(config: ml_collections.ConfigDict, task: TaskSpec) -> ml_collections.C
     return head
 
 
-def _schedule(config: ml_collections.ConfigDict, *, check_aliases: bool = True):
-    """(written blocks or None, the alias blocks a preset reads); checks every phase's keys."""
-    if config.phases and check_aliases:
+def encoder_shape(name_or_path: str, overrides: Mapping[str, int] | None = None) -> phases.EncoderShape:
+    """The encoder's depth, pooler and parameter paths: its config.json (downloaded for a hub id) with
+    the architecture `overrides` (model.config_overrides)."""
+    return _encoder_shape(name_or_path, tuple(sorted((overrides or {}).items())))
+
+
+@functools.cache
+def _encoder_shape(name_or_path: str, overrides: tuple[tuple[str, int], ...]) -> phases.EncoderShape:
+    from flax import nnx  # the model registry's own import; no backend starts for an abstract model
+
+    from stackft_jax.models import bert
+
+    encoder = bert.BertConfig.from_pretrained(bert.resolve_model_dir(name_or_path))
+    encoder = dataclasses.replace(encoder, **dict(overrides))
+    abstract = nnx.eval_shape(lambda: bert.BertModel(encoder, rngs=nnx.Rngs(0)))
+    return phases.EncoderShape(
+        num_layers=encoder.num_hidden_layers,
+        has_pooler=encoder.family.has_pooler,
+        parameters=tuple(
+            f"backbone/{name}" for name in _paths(nnx.to_pure_dict(nnx.state(abstract, nnx.Param)))
+        ),
+    )
+
+
+def _paths(tree: Mapping[str, Any], prefix: str = "") -> list[str]:
+    return [
+        path
+        for key, value in tree.items()
+        for path in (_paths(value, f"{prefix}{key}/") if isinstance(value, Mapping) else [f"{prefix}{key}"])
+    ]
+
+
+def _check_aliases(config: ml_collections.ConfigDict) -> None:
+    """With `config.phases` written, a changed alias key (`phase1.*`, ...) would be ignored: refused."""
+    if config.phases:
         changed = [
             f"config.{alias}.{key}"
-            for alias, defaults in phases.ALIAS_DEFAULTS.items()
-            for key, default in defaults.items()
+            for alias, declared in phases.ALIASES.items()
+            for key, default in declared.config().items()
             if key in config[alias] and config[alias][key] != default
         ]
         if changed:
@@ -295,20 +338,6 @@ def _schedule(config: ml_collections.ConfigDict, *, check_aliases: bool = True):
                 "would be ignored: set it in the phase blocks instead (phases.clear_aliases resets the "
                 "alias keys in a config file)"
             )
-    phases.check_config(config)
-    if config.phases:
-        return tuple(phases.expand(config, 2)), ml_collections.ConfigDict()
-    used = phases.PRESET_ALIASES[config.strategy]
-    aliases = ml_collections.ConfigDict({alias: config[alias].to_dict() for alias in used})
-    block = aliases.get("phase1")
-    if block is not None:
-        if block.feature_cache and block.backbone_dropout:
-            raise ConfigError(
-                "config.phase1.feature_cache=True needs config.phase1.backbone_dropout=False: the cache "
-                "holds the frozen backbone's outputs without dropout, and with dropout they change every step"
-            )
-    aliases.lock()
-    return None, aliases
 
 
 def _value(config: ml_collections.ConfigDict, key: str) -> Any:
@@ -318,10 +347,10 @@ def _value(config: ml_collections.ConfigDict, key: str) -> Any:
 
 def _check_rules_apply(spec: RunSpec) -> None:
     """A stop rule that cannot fire is an error, not a loop that scores train rows to no effect."""
-    for b, source in spec.phase_blocks(2):
+    for b in spec.phases:
         if b.max_train_dev_gap is None:
             continue
-        alias = source.split(" ")[0]  # "config.phase1", "config.phases[0]"
+        alias = b.source.split(" ")[0]  # "config.phase1", "config.phases[0]"
         metric = b.gap_metric or spec.task.gap_metric
         if metric not in spec.task.metrics:
             raise ConfigError(
@@ -341,19 +370,20 @@ def binding_form(spec: RunSpec) -> dict[str, Any]:
     change its results (workdirs.py compares it)."""
     raw = spec.raw
     plain: dict[str, Any] = {
-        k: v for k, v in raw.items() if k not in (*_NEUTRAL, "head", "phase1", "phase2", "unfreezing")
+        k: v
+        for k, v in raw.items()
+        if k not in (*RESULT_NEUTRAL_KEYS, "head", "phase1", "phase2", "unfreezing")
     }
+    for key in RESULT_NEUTRAL_KEYS:
+        parent, _, leaf = key.rpartition(".")
+        if parent and isinstance(plain.get(parent), Mapping):
+            plain[parent] = {k: v for k, v in plain[parent].items() if k != leaf}
     plain["head"] = spec.head.to_dict()
-    if spec.written_phases is None:
-        plain.update(_preset_binding(spec))
-    else:
+    if spec.written:
         plain["phases"] = [_named_gap_metric(b, spec.task) for b in raw["phases"]]
+    else:
+        plain.update(_preset_binding(spec))
     return {"config": plain}
-
-
-# Presets build per-layer groups from the encoder's depth, which the spec does not know: the binding
-# form builds them for this many layers (the model's name binds the depth itself).
-_BINDING_NUM_LAYERS = 12
 
 
 def _preset_binding(spec: RunSpec) -> dict[str, Any]:
@@ -361,8 +391,8 @@ def _preset_binding(spec: RunSpec) -> dict[str, Any]:
     as the run reads them: an alias key the preset puts in no phase does not bind (stack-only's gap subset,
     the uniform-rate baseline's new-head rate), nor does a phase key its phase ignores (phases.to_phase)."""
     by_alias: dict[str, list[dict[str, Any]]] = {}
-    for block, source in spec.phase_blocks(_BINDING_NUM_LAYERS):
-        by_alias.setdefault(source.removeprefix("config."), []).append(_read_keys(block, spec.task))
+    for phase in spec.phases:
+        by_alias.setdefault(phase.source.removeprefix("config."), []).append(_read_keys(phase, spec.task))
     return {alias: blocks[0] if len(blocks) == 1 else blocks for alias, blocks in by_alias.items()}
 
 
@@ -376,18 +406,17 @@ def _named_gap_metric(block: Mapping[str, Any], task: TaskSpec) -> dict[str, Any
     return plain
 
 
-def _read_keys(block: ml_collections.ConfigDict, task: TaskSpec) -> dict[str, Any]:
-    """A phase block without the keys `phases.to_phase` does not read given the others, and with the
-    metric its gap rule compares named ("" reads as the task's, so a run written before the task's
-    default changed binds as what it ran)."""
-    plain = _named_gap_metric(config_cli.to_plain(block), task)
+def _read_keys(phase: phases.Phase, task: TaskSpec) -> dict[str, Any]:
+    """A preset's phase without the keys the run does not read given the others, and with the metric its
+    gap rule compares named ("" reads as the task's, so a run written before the task's default changed
+    binds as what it ran)."""
+    plain = _named_gap_metric(phase.as_block(), task)
     unread = {
         "num_epochs": plain["num_steps"] > 0,
         "warmup_ratio": plain["warmup_steps"] > 0,
         "gap_eval_examples": plain["max_train_dev_gap"] is None,
         "gap_metric": plain["max_train_dev_gap"] is None,
         "feature_cache_dtype": not plain["feature_cache"],
-        "feature_cache_dir": not plain["feature_cache"],
     }
     return {k: v for k, v in plain.items() if not unread.get(k, False)}
 

@@ -125,9 +125,8 @@ def settings(matched: Matched, load) -> list[str]:
         return planned["total"][RULES[matched.rule]]
 
     base = spec.resolve(load(matched.value, []), recorded=True)
-    plan = base.phase_blocks(2)
-    sources = [source for _, source in plan]
-    if len(plan) != 1 or not sources[0].startswith("config.phase"):
+    sources = [phase.source for phase in base.phases]
+    if len(sources) != 1 or not sources[0].startswith("config.phase"):
         raise ConfigError(
             f"config key 'matched': {matched.label}: {matched.value} trains phases {sources}; a matched "
             "cell sets the step count of a preset strategy's one phase (e.g. finetune_only's phase2.*)"

@@ -91,14 +91,12 @@ def _run_specs(
 
 
 def share_feature_cache(config: ml_collections.ConfigDict, workdir: str | Path) -> None:
-    """Points each phase without its own `feature_cache_dir` (`phase1.*`, or a written phase's) at the
-    grid's: cells and seeds with the same backbone and data then build the frozen features once between
-    them (the train features of a feature-cached phase; the dev and gap-subset features that every
-    frozen-backbone phase evaluates on, loop.feature_caches). A phase that trains the backbone reads
-    no cache."""
-    for block in [config.phase1, *config.phases]:
-        if not block.feature_cache_dir:
-            block.feature_cache_dir = str(Path(workdir) / "feature_cache")
+    """Points a run without its own `feature_cache_dir` at the grid's: cells and seeds with the same
+    backbone and data then build the frozen features once between them (the train features of a
+    feature-cached phase; the dev and gap-subset features that every frozen-backbone phase evaluates on,
+    loop.feature_caches). A phase that trains the backbone reads no cache."""
+    if not config.feature_cache_dir:
+        config.feature_cache_dir = str(Path(workdir) / "feature_cache")
 
 
 def check_ensembles(

@@ -37,11 +37,8 @@ def recorded_spec(workdir: str | Path) -> RunSpec:
 
 
 def phase_names(run_spec: RunSpec) -> list[str]:
-    """The run's phases in order (from the encoder's config.json: no model is built)."""
-    bert_config = bert.BertConfig.from_pretrained(bert.resolve_model_dir(run_spec.model.name_or_path))
-    layers = run_spec.model.config_overrides.get("num_hidden_layers") or bert_config.num_hidden_layers
-    plan = run_spec.phase_blocks(layers, has_pooler=bert_config.family.has_pooler)
-    return [block.name for block, _ in plan]
+    """The run's phases in order."""
+    return [phase.name for phase in run_spec.phases]
 
 
 def best_params(workdir: str | Path, like: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:

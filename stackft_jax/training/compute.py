@@ -68,14 +68,9 @@ def _model(run_spec: RunSpec) -> tuple[_Model, Any]:
     return model, encoder
 
 
-def _blocks(run_spec: RunSpec, encoder: Any) -> dict[str, phases.Phase]:
-    """The run's phases by name (rules and feature cache; their step counts are not used)."""
-    blocks = run_spec.phase_blocks(encoder.num_hidden_layers, has_pooler=encoder.family.has_pooler)
-    return {b.name: phases.to_phase(b, 1, source) for b, source in blocks}
-
-
 def _phase(
     phase: phases.Phase,
+    run_spec: RunSpec,
     model: _Model,
     *,
     steps: int,
@@ -85,7 +80,8 @@ def _phase(
     cache: str | None,
 ) -> dict[str, Any]:
     examples = steps * batch
-    if phase.trains_backbone:
+    trains_backbone = run_spec.encoder.trains(phase)
+    if trains_backbone:
         forward, backward = examples, examples
         total = flops.BACKWARD_FACTOR * (model.encoder_flops(examples) + model.head_flops(examples))
     else:
@@ -99,7 +95,7 @@ def _phase(
         "examples_backward": backward,
         "flops": total,
         "wall_seconds": wall_seconds,
-        "trains_backbone": phase.trains_backbone,
+        "trains_backbone": trains_backbone,
         "feature_cache": cache,
     }
 
@@ -127,8 +123,8 @@ def of_results(
 ) -> dict[str, Any]:
     """The compute of a finished run from its results.json (`results`) and, for runs that did not record
     which feature caches they built, its timings.json. The shape is `run_compute`'s."""
-    model, encoder = _model(run_spec)
-    blocks = _blocks(run_spec, encoder)
+    model, _ = _model(run_spec)
+    blocks = {phase.name: phase for phase in run_spec.phases}
     batch = results["global_batch_size"]
     train_examples = results["data"]["num_examples"]["train"]
     per_phase = []
@@ -138,6 +134,7 @@ def of_results(
         per_phase.append(
             _phase(
                 phase,
+                run_spec,
                 model,
                 steps=record["steps"],
                 batch=batch,
@@ -189,14 +186,15 @@ def planned(run_spec: RunSpec, *, train_examples: int, global_batch_size: int) -
     """What `run_spec` costs if every phase runs its whole step budget and builds its own feature cache
     (no early stop, no shared cache), over a train split of `train_examples` examples; `run_compute`'s
     shape, without wall seconds."""
-    model, encoder = _model(run_spec)
+    model, _ = _model(run_spec)
     # Full batches, as batching.steps_per_epoch (which counts rows: a CoNLL sentence longer than
     # max_seq_length is several, so an epoch budget may plan a few steps short there).
     steps_per_epoch = max(1, train_examples // global_batch_size)
-    plan = run_spec.plan(steps_per_epoch, encoder.num_hidden_layers, has_pooler=encoder.family.has_pooler)
+    plan = run_spec.plan(steps_per_epoch)
     per_phase = [
         _phase(
             phase,
+            run_spec,
             model,
             steps=phase.num_steps,
             batch=global_batch_size,

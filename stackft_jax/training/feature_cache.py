@@ -20,7 +20,7 @@ Stored per example, at its real length only (memory grows with real tokens, not 
                      grid reads the same features
 
 Where: raw `np.memmap` files in WORKDIR/feature_cache/<phase>/<split>/, or with
-`phase1.feature_cache_dir` in <feature_cache_dir>/<fingerprint>/ (content-addressed: any number of
+`feature_cache_dir` in <feature_cache_dir>/<fingerprint>/ (content-addressed: any number of
 runs, phases and processes share one folder safely), in `phase1.feature_cache_dtype`
 (float32, or bfloat16 for half the bytes). Files rather than host arrays because all-layer caches
 outgrow memory (17.5k QQP pairs x ~35 tokens x 7 layers x 384 x 4 bytes is ~6.6 GB); the OS keeps in

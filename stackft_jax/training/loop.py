@@ -178,8 +178,9 @@ def feature_caches(ctx: Context, phase: phases.Phase, params) -> dict[str, featu
     `phase.feature_cache`, which the steps train on; else only the first `gap_examples`, which the
     train/dev gap scores). Every evaluation of the phase reads them, so the backbone runs once per
     split and phase, not at every evaluation. Built once per workdir (a resumed run reopens them), or
-    once for every run sharing `phase.feature_cache_dir`."""
-    shared = phase.feature_cache_dir not in ("", "none")  # "none": the workdir, also in a grid
+    once for every run sharing the run's `feature_cache_dir`."""
+    folder = ctx.spec.feature_cache_dir
+    shared = folder not in ("", "none")  # "none": the workdir, also in a grid
     train = ctx.datasets["train"].arrays
     if not phase.feature_cache:
         limit = min(gap_examples(ctx.spec, phase), ctx.datasets["train"].num_rows)
@@ -191,7 +192,7 @@ def feature_caches(ctx: Context, phase: phases.Phase, params) -> dict[str, featu
         name = "train_subset" if split == "train" and not phase.feature_cache else split
         name = name if jax.process_count() == 1 else f"{name}.process{jax.process_index()}"
         caches[split] = feature_cache.open_or_build(
-            phase.feature_cache_dir if shared else ctx.workdir / "feature_cache" / phase.name / name,
+            folder if shared else ctx.workdir / "feature_cache" / phase.name / name,
             arrays,
             params,
             graphdef=ctx.graphdef,
@@ -626,7 +627,7 @@ def run_phase(
 
     preemption.install_sigterm_flag()
     progress.started = time.time()
-    frozen_backbone = not phases.trains_backbone(phase, ctx.param_names)
+    frozen_backbone = not ctx.spec.encoder.trains(phase)
     # Built before the first step donates the state: its backbone is the phase's frozen one.
     with ctx.timer.phase("feature_cache"):  # built, or opened (shared by another run)
         features = feature_caches(ctx, phase, progress.state.params) if frozen_backbone else {}

@@ -6,13 +6,13 @@ leaf; every leaf must match one rule. Groups with a learning rate get AdamW; the
 `optax.set_to_zero()`, which holds no optimizer state, and the train step stops gradients into it.
 """
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import optax
 
+from stackft_jax.config import phases
 from stackft_jax.config.phases import FROZEN
 
 # BERT-Adam: weight decay only on matrices (dense kernels, embeddings); never on biases or LayerNorm.
@@ -27,16 +27,13 @@ def path_str(path: tuple) -> str:
 
 def label_params(params: Params, rules: Sequence[tuple[str, str]]) -> Params:
     """A tree of group names, one per leaf: the group of the first rule whose regex fully matches."""
-    compiled = [(re.compile(pattern), group) for pattern, group in rules]
     unmatched = []
 
     def label(path, _):
-        name = path_str(path)
-        for pattern, group in compiled:
-            if pattern.fullmatch(name):
-                return group
-        unmatched.append(name)
-        return None
+        group = phases.group_of(rules, path_str(path))
+        if group is None:
+            unmatched.append(path_str(path))
+        return group
 
     labels = jax.tree_util.tree_map_with_path(label, params)
     if unmatched:

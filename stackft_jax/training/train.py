@@ -158,9 +158,7 @@ def _set_up(
         observer=observer,
     )
     steps_per_epoch = batching.steps_per_epoch(datasets["train"].num_rows, global_batch)
-    plan = run_spec.plan(
-        steps_per_epoch, bert_config.num_hidden_layers, has_pooler=bert_config.family.has_pooler
-    )
+    plan = run_spec.plan(steps_per_epoch)
     phases.check_rules(plan, param_names)
     log.info(
         "%s on %d devices, global batch %d, %d train rows (%d steps/epoch), phases %s",

@@ -40,20 +40,7 @@ DATA_FILE = "data_files.json"
 HISTORY_FILE = "config_history.jsonl"
 # Keys of the record that change how a run is watched or stored, never what it computes: they may
 # differ on a rerun.
-RESULT_NEUTRAL_KEYS = frozenset(
-    f"config.{key}"
-    for key in (
-        "log_every_steps",
-        "checkpoint_every_steps",
-        "keep_checkpoints",
-        "async_checkpointing",
-        "eval_per_device_batch_size",
-        "data.cache_dir",
-        "model.allow_pickle",
-        "compilation_cache_dir",
-        "phase1.feature_cache_dir",
-    )
-)
+RESULT_NEUTRAL_KEYS = frozenset(f"config.{key}" for key in spec.RESULT_NEUTRAL_KEYS)
 
 
 class WorkdirInUse(cli_errors.UsageError):
@@ -89,7 +76,9 @@ def config_differences(
         key: (old.get(key, absent), new.get(key, absent))
         for key in sorted(old.keys() | new.keys())
         if key not in neutral
-        and not (key.startswith("config.phases.") and key.endswith(".feature_cache_dir"))
+        and not any(key.startswith(f"{n}.") for n in neutral)
+        # A location, wherever a record kept it (phase blocks did before it became a run option).
+        and not key.endswith(".feature_cache_dir")
         and old.get(key, absent) != new.get(key, absent)
     }
 
