@@ -3,17 +3,20 @@ patterns name real parameters and only the intended ones; LoRA and adapters star
 bit for bit without moving the base or head initialisation; LoRA folds into the kernels and writes the
 peft format that peft loads onto transformers' model with the same outputs."""
 
+import dataclasses
 import hashlib
 import re
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 import transformers
 from flax import nnx
 
+from stackft_jax.config import spec
 from stackft_jax.config.config_cli import source_comments
 from stackft_jax.models import adaptation, bert
 from stackft_jax.models.adaptation import (
@@ -29,7 +32,9 @@ from stackft_jax.models.adaptation import (
 from stackft_jax.models.bert import BertConfig, BertModel
 from stackft_jax.models.heads import default_head_configs
 from stackft_jax.models.task_model import TaskModel
-from stackft_jax.runtime.cli_errors import ConfigError
+from stackft_jax.runtime.cli_errors import ConfigError, UsageError
+from stackft_jax.trained import hf_export, opening
+from stackft_jax.training import build
 from tests import encoders
 
 ALL_LORA = EncoderAdaptation(lora=LoraSettings(rank=4, alpha=8.0, dropout=0.0, targets=".*"))
@@ -349,9 +354,8 @@ def peft_hidden_states(base_dir, adapter_dir, batch) -> list[np.ndarray]:
 
     base = transformers.AutoModel.from_pretrained(base_dir)
     model = peft.PeftModel.from_pretrained(base, adapter_dir).eval()
-    inputs = {k: torch.as_tensor(batch[k]).long() for k in ("input_ids", "attention_mask")}
-    with torch.no_grad():
-        return [h.numpy() for h in model(**inputs, output_hidden_states=True).hidden_states]
+    keys = ("input_ids", "token_type_ids", "attention_mask")
+    return encoders.torch_hidden_states(model, {k: v for k, v in batch.items() if k in keys})
 
 
 @pytest.mark.parametrize("family", encoders.FAMILIES)
@@ -410,6 +414,112 @@ def test_lora_dropout_drops_the_branch_input_in_training_only():
 
 def dataclasses_replace_dropout(config: BertConfig) -> BertConfig:
     """No dropout in the encoder itself: only the LoRA branch's can make training differ from eval."""
-    import dataclasses
-
     return dataclasses.replace(config, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+# --- Export: a LoRA run is the merged encoder plus its peft adapter; an adapters run has none -------------
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def adapted_run(
+    tmp_path: Path, block: dict, lora_std: float = 0.3, **keys
+) -> tuple[opening.Source, opening.Loaded]:
+    """The tiny config's model as a run whose recorded config has the `adaptation` block `block`, its LoRA
+    leaves redrawn from N(0, lora_std) (B too, so the update is not a no-op) as if trained."""
+    sys.path.insert(0, str(REPO))
+    from configs import tiny
+
+    config = tiny.get_config("")
+    for key, value in keys.items():
+        *parents, leaf = key.split(".")
+        node = config
+        for parent in parents:
+            node = node[parent]
+        node[leaf] = value
+    run_spec = spec.resolve(config)
+    run_spec = dataclasses.replace(run_spec, raw={**run_spec.raw, "adaptation": block})
+    source = opening.Source(tmp_path, run_spec, False, "last", None, {})
+    model, bert_config = build.build_model(run_spec, run_spec.task, source.model_dir, source.adaptation)
+    randomize_lora(model, std=lora_std)
+    graphdef, state = nnx.split(model)
+    return source, opening.Loaded(graphdef, nnx.to_pure_dict(state), bert_config, "last")
+
+
+def tokenized(folder: Path) -> dict:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    encoded = tokenizer(["How do I learn Python?", "x"], ["What is Python?", "short y z"], padding=True)
+    return {k: np.asarray(v, np.int32) for k, v in encoded.items()}
+
+
+def our_hidden_states(loaded: opening.Loaded, batch: dict) -> list[np.ndarray]:
+    model = nnx.merge(loaded.graphdef, loaded.params)
+    return encode(
+        model.backbone, {**batch, "token_type_ids": batch.get("token_type_ids", 0 * batch["input_ids"])}
+    )[:-1]
+
+
+def test_a_lora_run_exports_the_merged_encoder_and_a_peft_adapter(tmp_path):
+    block = {"kinds": ["lora"], "lora": {"rank": 4, "alpha": 8.0, "targets": ".*"}}
+    source, loaded = adapted_run(tmp_path, block)
+    folder = tmp_path / "export"
+    folder.mkdir()
+    record = hf_export.write(source, loaded, folder)
+    batch = tokenized(folder)
+    ours = our_hidden_states(loaded, batch)
+    real = batch["attention_mask"].astype(bool)
+
+    plain = transformers.AutoModel.from_pretrained(folder).eval()
+    for a, b in zip(ours, encoders.torch_hidden_states(plain, batch), strict=True):
+        np.testing.assert_allclose(a[real], b[real], atol=1e-4)
+    # model.init=random: the weights LoRA applies to are no checkpoint's, so the export holds them.
+    assert record["peft_adapter"]["base_model"] == "peft_adapter/base_model"
+    assert (record["peft_adapter"]["rank"], record["peft_adapter"]["alpha"]) == (4, 8.0)
+    adapter = folder / hf_export.PEFT_DIR
+    for a, b in zip(ours, peft_hidden_states(adapter / "base_model", adapter, batch), strict=True):
+        np.testing.assert_allclose(a[real], b[real], atol=1e-4)
+    assert "PeftModel.from_pretrained" in (folder / "README.md").read_text()
+
+    exported = opening.open_export(folder)
+    assert exported.adaptation is None  # the export's encoder is plain
+    again = exported.load()
+    assert not [p for p in flat(again.params) if "lora_" in p]
+    for a, b in zip(ours, our_hidden_states(again, batch), strict=True):
+        np.testing.assert_allclose(a[real], b[real], atol=1e-5)
+
+
+def test_a_lora_run_on_an_untouched_checkpoint_names_it_as_the_adapters_base(tmp_path):
+    block = {"kinds": ["lora"], "lora": {"rank": 2}}
+    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+    overrides = {f"model.config_overrides.{k}": 0 for k in keys}
+    # MiniLM's weights are ~0.05: an update of that size (std 0.3 would swamp them and the float32 error).
+    source, loaded = adapted_run(tmp_path, block, 0.05, **{"model.init": "pretrained", **overrides})
+    folder = tmp_path / "export"
+    folder.mkdir()
+    record = hf_export.write(source, loaded, folder)
+    assert record["peft_adapter"]["base_model"] == str(source.model_dir)
+    assert not (folder / hf_export.PEFT_DIR / hf_export.PEFT_BASE_DIR).exists()
+    batch = tokenized(folder)
+    real = batch["attention_mask"].astype(bool)
+    theirs = peft_hidden_states(source.model_dir, folder / hf_export.PEFT_DIR, batch)
+    for a, b in zip(our_hidden_states(loaded, batch), theirs, strict=True):
+        np.testing.assert_allclose(a[real], b[real], atol=1e-4)
+
+
+def test_a_bitfit_run_exports_as_before(tmp_path):
+    source, loaded = adapted_run(tmp_path, {"kinds": ["bitfit"], "bitfit": {"layer_norm": True}})
+    assert source.adaptation is None
+    folder = tmp_path / "export"
+    folder.mkdir()
+    assert hf_export.write(source, loaded, folder)["peft_adapter"] is None
+    assert not (folder / hf_export.PEFT_DIR).exists()
+
+
+def test_an_adapters_run_is_refused_in_one_line_before_any_work(tmp_path):
+    source, loaded = adapted_run(tmp_path, {"kinds": ["adapters"], "adapters": {"bottleneck": 4}})
+    with pytest.raises(UsageError, match=r"Houlsby adapters .* no export; predict runs it") as e:
+        hf_export.write(source, loaded, tmp_path)
+    assert "\n" not in str(e.value)
+    with pytest.raises(UsageError, match="Houlsby adapters"):
+        hf_export.export(source, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -71,6 +71,13 @@ def merge(params: Mapping[str, Any], settings: LoraSettings) -> dict[str, Any]:
     return {k: merge(v, settings) for k, v in params.items()}
 
 
+def without_lora(params: Mapping[str, Any]) -> dict[str, Any]:
+    """`params` with the `lora_a` / `lora_b` leaves removed: the weights the LoRA update applies to."""
+    if not isinstance(params, Mapping):
+        return params
+    return {k: without_lora(v) for k, v in params.items() if k not in ("lora_a", "lora_b")}
+
+
 def peft_tensors(
     backbone: Mapping[str, Any], settings: LoraSettings, module_name: Callable[[int, str], str]
 ) -> dict[str, np.ndarray]:
