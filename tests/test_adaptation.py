@@ -193,6 +193,28 @@ def test_adaptation_parameters_come_from_their_own_stream():
         np.testing.assert_array_equal(derived[path], own_stream[path], err_msg=path)
 
 
+def test_at_init_the_gradient_reaches_lora_b_and_the_adapters_up_projection_under_jit():
+    """What training starts from: B (zero) and `up` (zero) get gradients, A and `down` none until they move
+    (their gradient flows through the zero matrix), as in LoRA and Houlsby's adapters."""
+    config = encoder_config("bert")
+    graphdef, params = nnx.split(task_model(config, BOTH), nnx.Param)
+    batch = {k: jnp.asarray(v) for k, v in batch_for(config).items()}
+
+    @jax.jit
+    def grads(params):
+        def loss(params):
+            return jnp.sum(nnx.merge(graphdef, params)(batch, deterministic=True) ** 2)
+
+        return jax.grad(loss)(params)
+
+    g = flat(nnx.to_pure_dict(grads(params)))
+    layer = "backbone/layers/1"
+    assert np.abs(g[f"{layer}/attention/query/lora_b"]).max() > 0
+    assert np.abs(g[f"{layer}/output_adapter/up/kernel"]).max() > 0
+    np.testing.assert_array_equal(g[f"{layer}/attention/query/lora_a"], 0.0)
+    np.testing.assert_array_equal(g[f"{layer}/output_adapter/down/kernel"], 0.0)
+
+
 # --- Each kind's patterns name real parameters, and only the intended ones --------------------------
 
 
