@@ -25,6 +25,15 @@ name each comes from; `Family.layer_modules` maps DistilBERT's names onto these)
 
 No token_type_embeddings for DistilBERT. `kernel` and `embedding` are the only weight-decayed leaf names
 (see optim.py); `{i}` is an int key.
+
+With `adaptation` (models/adaptation/), extra leaves that no checkpoint has, drawn from their own rng
+stream (the others are the same with and without them) and starting as an exact no-op:
+
+    layers/{i}/attention/{query,...,output}/{lora_a,lora_b}   LoRA on the targeted projections (lora.py)
+    layers/{i}/{intermediate,output}/{lora_a,lora_b}
+    layers/{i}/{attention,output}_adapter/{down,up}/...      Houlsby adapters (adapters.py)
+
+Loading a checkpoint leaves them as initialised; `to_hf_weights` refuses them (fold LoRA first).
 """
 
 from __future__ import annotations
@@ -43,6 +52,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from stackft_jax.models.adaptation.adapters import Adapter
+from stackft_jax.models.adaptation.kind import PROJECTIONS, EncoderAdaptation, adaptation_rngs
+from stackft_jax.models.adaptation.lora import LoraDense
 from stackft_jax.models.dense import Dense
 from stackft_jax.models.dropout import Dropout
 from stackft_jax.runtime.cli_errors import DataError
@@ -236,18 +248,28 @@ class BertOutput(NamedTuple):
 
 
 class BertSelfAttention(nnx.Module):
-    def __init__(self, config: BertConfig, *, dtype: Any, param_dtype: Any, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        config: BertConfig,
+        *,
+        dtype: Any,
+        param_dtype: Any,
+        rngs: nnx.Rngs,
+        adaptation: EncoderAdaptation | None = None,
+        extra_rngs: nnx.Rngs | None = None,
+    ):
         self.num_heads = config.num_attention_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.dtype = dtype
 
-        def linear() -> Dense:
-            return _linear(config.hidden_size, config.hidden_size, config, dtype, param_dtype, rngs)
+        def linear(name: str) -> Dense:
+            size = config.hidden_size
+            return _projection(name, size, size, config, dtype, param_dtype, rngs, adaptation, extra_rngs)
 
-        self.query = linear()
-        self.key = linear()
-        self.value = linear()
-        self.output = linear()
+        self.query = linear("query")
+        self.key = linear("key")
+        self.value = linear("value")
+        self.output = linear("attention_output")
         self.dropout = Dropout(config.attention_probs_dropout_prob)
 
     def __call__(
@@ -258,7 +280,10 @@ class BertSelfAttention(nnx.Module):
         def heads(t: jax.Array) -> jax.Array:
             return t.reshape(batch, length, self.num_heads, self.head_dim)
 
-        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
+        def project(linear: Dense, t: jax.Array) -> jax.Array:
+            return _project(linear, t, deterministic=deterministic, rngs=rngs)
+
+        q, k, v = heads(project(self.query, x)), heads(project(self.key, x)), heads(project(self.value, x))
         # Scores, mask and softmax in float32 so bf16 compute cannot overflow or lose the mask.
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
         scores = scores * (self.head_dim**-0.5) + mask_bias
@@ -267,29 +292,62 @@ class BertSelfAttention(nnx.Module):
         # Contract in [b, h, k, d] and transpose back: the same math as "bhqk,bkhd->bqhd", but XLA:CPU's
         # dot emitter handles that output layout badly (eval step 0.82x the time this way).
         context = jnp.einsum("bhqk,bhkd->bhqd", probs, v.transpose(0, 2, 1, 3))
-        return self.output(context.transpose(0, 2, 1, 3).reshape(batch, length, hidden))
+        return project(self.output, context.transpose(0, 2, 1, 3).reshape(batch, length, hidden))
 
 
 class BertLayer(nnx.Module):
-    def __init__(self, config: BertConfig, *, dtype: Any, param_dtype: Any, rngs: nnx.Rngs):
-        self.attention = BertSelfAttention(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.attention_layer_norm = _layer_norm(config, dtype, param_dtype, rngs)
-        self.intermediate = _linear(
-            config.hidden_size, config.intermediate_size, config, dtype, param_dtype, rngs
+    def __init__(
+        self,
+        config: BertConfig,
+        *,
+        dtype: Any,
+        param_dtype: Any,
+        rngs: nnx.Rngs,
+        adaptation: EncoderAdaptation | None = None,
+        extra_rngs: nnx.Rngs | None = None,
+    ):
+        extra = (adaptation, extra_rngs)
+        self.attention = BertSelfAttention(
+            config,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            rngs=rngs,
+            adaptation=adaptation,
+            extra_rngs=extra_rngs,
         )
-        self.output = _linear(config.intermediate_size, config.hidden_size, config, dtype, param_dtype, rngs)
+        self.attention_layer_norm = _layer_norm(config, dtype, param_dtype, rngs)
+        hidden, inner = config.hidden_size, config.intermediate_size
+        self.intermediate = _projection(
+            "intermediate", hidden, inner, config, dtype, param_dtype, rngs, *extra
+        )
+        self.output = _projection("output", inner, hidden, config, dtype, param_dtype, rngs, *extra)
         self.output_layer_norm = _layer_norm(config, dtype, param_dtype, rngs)
         self.dropout = Dropout(config.hidden_dropout_prob)
         self.hidden_act = config.hidden_act
+        adapters = adaptation.adapters if adaptation is not None else None
+        if adapters is not None:
+            width = config.hidden_size
+            kwargs = {"dtype": dtype, "param_dtype": param_dtype, "rngs": extra_rngs}
+            self.attention_adapter = Adapter(width, adapters, **kwargs)
+            self.output_adapter = Adapter(width, adapters, **kwargs)
+        else:
+            self.attention_adapter = self.output_adapter = None
 
     def __call__(
         self, x: jax.Array, mask_bias: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None
     ) -> jax.Array:
         attended = self.attention(x, mask_bias, deterministic=deterministic, rngs=rngs)
         attended = self.dropout(attended, deterministic=deterministic, rngs=rngs)
+        if self.attention_adapter is not None:
+            attended = self.attention_adapter(attended)
         x = self.attention_layer_norm(x + attended)
-        y = _ACTIVATIONS[self.hidden_act](self.intermediate(x))
-        y = self.dropout(self.output(y), deterministic=deterministic, rngs=rngs)
+        y = _ACTIVATIONS[self.hidden_act](
+            _project(self.intermediate, x, deterministic=deterministic, rngs=rngs)
+        )
+        y = _project(self.output, y, deterministic=deterministic, rngs=rngs)
+        y = self.dropout(y, deterministic=deterministic, rngs=rngs)
+        if self.output_adapter is not None:
+            y = self.output_adapter(y)
         return self.output_layer_norm(x + y)
 
 
@@ -370,7 +428,9 @@ def _sinusoids(num_positions: int, width: int) -> jax.Array:
 
 class BertModel(nnx.Module):
     """A BERT-family encoder plus pooler (when the family has one); `dtype` is the compute dtype,
-    `param_dtype` the storage dtype. `token_type_ids` are ignored by DistilBERT, which has none."""
+    `param_dtype` the storage dtype. `token_type_ids` are ignored by DistilBERT, which has none.
+    `adaptation`: LoRA and / or adapter parameters to add (models/adaptation/), drawn from `rngs`'
+    `adaptation` stream when it has one (else from a key derived from `params` without drawing from it)."""
 
     def __init__(
         self,
@@ -378,14 +438,24 @@ class BertModel(nnx.Module):
         *,
         dtype: Any = jnp.float32,
         param_dtype: Any = jnp.float32,
+        adaptation: EncoderAdaptation | None = None,
         rngs: nnx.Rngs,
     ):
         self.config = config
         self.dtype = dtype
+        self.adaptation = adaptation
+        extra_rngs = adaptation_rngs(rngs) if adaptation is not None else None
         self.embeddings = BertEmbeddings(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.layers = nnx.List(
             [
-                BertLayer(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+                BertLayer(
+                    config,
+                    dtype=dtype,
+                    param_dtype=param_dtype,
+                    rngs=rngs,
+                    adaptation=adaptation,
+                    extra_rngs=extra_rngs,
+                )
                 for _ in range(config.num_hidden_layers)
             ]
         )
@@ -427,7 +497,10 @@ class BertModel(nnx.Module):
 
     def _has_dropout(self) -> bool:
         c = self.config
-        return c.hidden_dropout_prob > 0 or c.attention_probs_dropout_prob > 0
+        lora = self.adaptation.lora if self.adaptation is not None else None
+        return (
+            c.hidden_dropout_prob > 0 or c.attention_probs_dropout_prob > 0 or bool(lora and lora.dropout > 0)
+        )
 
 
 def _linear(n_in: int, n_out: int, config: BertConfig, dtype: Any, param_dtype: Any, rngs: nnx.Rngs) -> Dense:
@@ -440,6 +513,42 @@ def _linear(n_in: int, n_out: int, config: BertConfig, dtype: Any, param_dtype: 
         bias_init=nnx.initializers.zeros,
         rngs=rngs,
     )
+
+
+def _projection(
+    name: str,
+    n_in: int,
+    n_out: int,
+    config: BertConfig,
+    dtype: Any,
+    param_dtype: Any,
+    rngs: nnx.Rngs,
+    adaptation: EncoderAdaptation | None,
+    extra_rngs: nnx.Rngs | None,
+) -> Dense:
+    """A layer's projection `name` (adaptation/kind.py's PROJECTIONS): a LoRA one when LoRA targets it.
+    Its kernel and bias come from `rngs` either way, in the same order."""
+    lora = adaptation.lora if adaptation is not None else None
+    if lora is None or name not in lora.projections:
+        return _linear(n_in, n_out, config, dtype, param_dtype, rngs)
+    return LoraDense(
+        n_in,
+        n_out,
+        lora,
+        lora_rngs=extra_rngs,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        kernel_init=nnx.initializers.normal(config.initializer_range),
+        bias_init=nnx.initializers.zeros,
+        rngs=rngs,
+    )
+
+
+def _project(linear: Dense, x: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None) -> jax.Array:
+    # A LoRA projection drops its branch's input in training; a plain one is called as it always was.
+    if isinstance(linear, LoraDense):
+        return linear(x, deterministic=deterministic, rngs=rngs)
+    return linear(x)
 
 
 def _layer_norm(
@@ -733,7 +842,15 @@ def convert_hf_weights(tensors: Mapping[str, np.ndarray], config: BertConfig) ->
 def to_hf_weights(params: Mapping[str, Any], config: BertConfig) -> dict[str, np.ndarray]:
     """`BertModel` parameters -> the float32 tensors of transformers' bare model of `config.model_type`
     (AutoModel: BertModel, RobertaModel, ..., DistilBertModel), by their state_dict names: the inverse
-    of `convert_hf_weights`."""
+    of `convert_hf_weights`. Refuses adaptation parameters (models/adaptation/), which those classes have
+    no place for: fold LoRA into the kernels first (lora.merge)."""
+    extra = _unplaced_leaves(params, config)
+    if extra:
+        raise ValueError(
+            f"{len(extra)} parameter(s) ({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}) have no "
+            f"place in transformers' {config.model_type} model: fold LoRA first "
+            "(models/adaptation/lora.merge); adapters cannot be folded"
+        )
     family = config.family
     own_module = {bert_name: own for own, bert_name in family.layer_modules.items()}
     tensors: dict[str, np.ndarray] = {}
@@ -773,6 +890,26 @@ def to_hf_weights(params: Mapping[str, Any], config: BertConfig) -> dict[str, np
     if params.get("pooler") is not None:
         put_linear("pooler.dense", params["pooler"])
     return tensors
+
+
+def _unplaced_leaves(params: Mapping[str, Any], config: BertConfig) -> list[str]:
+    """Paths of `params` leaves (the pooler aside) that are not the layout's (`_expected_paths`)."""
+    expected = {_path_str(p) for p in _expected_paths(config)}
+    body = {k: v for k, v in params.items() if k != "pooler"}
+    paths = [
+        _path_str(tuple(getattr(k, "key", k) for k in path))
+        for path, _ in jax.tree_util.tree_leaves_with_path(body)
+    ]
+    return [p for p in paths if p not in expected]
+
+
+def hf_projection_name(config: BertConfig, layer: int, projection: str) -> str:
+    """transformers' module name of layer `layer`'s projection `projection` (adaptation/kind.py's
+    PROJECTIONS) in the family's bare model: "encoder.layer.0.attention.output.dense" (BERT),
+    "transformer.layer.0.attention.out_lin" (DistilBERT)."""
+    bert_name = {path: name for name, path in _LINEAR_SUFFIXES.items()}[PROJECTIONS[projection]]
+    own_module = {bert: own for own, bert in config.family.layer_modules.items()}
+    return f"{config.family.layer_prefix}{layer}.{own_module.get(bert_name, bert_name)}"
 
 
 def load_pretrained_weights(model: BertModel, model_dir: Path, *, allow_pickle: bool = False) -> LoadReport:

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from stackft_jax.models.adaptation import EncoderAdaptation
 from stackft_jax.models.bert import BertConfig, BertModel
 from stackft_jax.models.features import Features
 from stackft_jax.models.heads import build_head
@@ -63,9 +64,11 @@ class TaskModel(nnx.Module):
         output_names: Sequence[str] = (),
         scalar_mix: bool,
         dtype: jnp.dtype = jnp.float32,
+        adaptation: EncoderAdaptation | None = None,
         rngs: nnx.Rngs,
     ):
-        self.backbone = BertModel(bert_config, dtype=dtype, rngs=rngs)
+        # The backbone draws adaptation parameters from their own stream: the head's are the same without.
+        self.backbone = BertModel(bert_config, dtype=dtype, adaptation=adaptation, rngs=rngs)
         self.head = Head(
             head_config,
             bert_config=bert_config,

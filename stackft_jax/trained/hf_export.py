@@ -1,9 +1,14 @@
 """A trained model (trained.py) written as a folder that transformers and PyTorch load: the encoder in
 Hugging Face layout, the head, a transformers task model where one is exact, a model card. The command
 and the folder's layout: export.py.
+
+Adaptation (models/adaptation/): a LoRA run's encoder is written with the update folded into its kernels,
+and the update itself in peft's format in `peft_adapter/` for the encoder it was trained on; a BitFit
+run's encoder is plain; a run with Houlsby adapters has no export (`refuse_unexportable`).
 """
 
 import copy
+import dataclasses
 import json
 import os
 import shutil
@@ -18,6 +23,8 @@ from stackft_jax.trained import opening
 from stackft_jax.training import workdirs
 
 TASK_MODEL_DIR = "transformers_task_model"
+PEFT_DIR = "peft_adapter"  # a LoRA run's update in peft's format
+PEFT_BASE_DIR = "base_model"  # inside PEFT_DIR: the encoder it applies to, when not the run's checkpoint
 # transformers' class-name stem per config.json model_type.
 _CLASS_STEMS = {
     "bert": "Bert",
@@ -105,6 +112,63 @@ def transformers_task_model(source: opening.Source, loaded: opening.Loaded) -> t
     return f"{stem}ForSequenceClassification's head is not a tanh MLP on the first token"
 
 
+def refuse_unexportable(source: opening.Source) -> None:
+    """A run with Houlsby adapters cannot be written as transformers' model (no class has them)."""
+    settings = source.adaptation
+    if settings is not None and settings.adapters is not None:
+        raise UsageError(
+            f"{source.path}: the run trains Houlsby adapters (adaptation kind 'adapters'), which cannot be "
+            "folded into the encoder and which transformers' models have no place for, so it has no export; "
+            f"predict runs it: python -m stackft_jax.predict --workdir={source.path} --input=... --output=..."
+        )
+
+
+def _write_peft_adapter(source: opening.Source, loaded: opening.Loaded, folder: Path) -> dict[str, Any]:
+    """The run's LoRA update in peft's format in `folder`, for the encoder it was trained on: the run's
+    model (`base_model_name_or_path`) when its weights are still the checkpoint's (only LoRA and the head
+    trained), else that encoder written into `folder/base_model`. Returns head_config.json's record."""
+    from safetensors.numpy import save_file
+
+    from stackft_jax.models import bert  # flax: only when writing an export
+    from stackft_jax.models.adaptation import lora
+
+    settings, bert_config = source.adaptation.lora, loaded.bert_config
+    backbone = loaded.params["backbone"]
+    tensors = lora.peft_tensors(backbone, settings, lambda i, p: bert.hf_projection_name(bert_config, i, p))
+    base = lora.without_lora(backbone)
+    name = source.run_spec.model.name_or_path
+    if _is_checkpoint(source, base):
+        base_model = str(source.model_dir) if name == bert.EMBEDDED_MODEL else name
+    else:
+        base_dir = folder / PEFT_BASE_DIR
+        base_dir.mkdir(parents=True)
+        stem = _CLASS_STEMS[bert_config.model_type]
+        config = hf_config(source.model_dir, bert_config, f"{stem}Model")
+        (base_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        save_file(bert.to_hf_weights(base, bert_config), str(base_dir / "model.safetensors"))
+        _copy_tokenizer(source.model_dir, base_dir)
+        base_model = f"{PEFT_DIR}/{PEFT_BASE_DIR}"
+    lora.write_peft_adapter(folder, tensors, settings, base_model=base_model)
+    return {"folder": PEFT_DIR, "base_model": base_model, **dataclasses.asdict(settings)}
+
+
+def _is_checkpoint(source: opening.Source, backbone: dict[str, Any]) -> bool:
+    """Whether every encoder weight the run's checkpoint holds is still exactly the checkpoint's."""
+    if source.run_spec.model.init != "pretrained":
+        return False
+    from stackft_jax.models import bert  # flax: only when writing an export
+
+    tensors = bert.load_hf_weights(source.model_dir, allow_pickle=source.run_spec.model.allow_pickle)
+    checkpoint, _ = bert.convert_hf_weights(tensors, bert.BertConfig.from_pretrained(source.model_dir))
+
+    def same(ours: Any, theirs: Any) -> bool:
+        if isinstance(theirs, dict):
+            return all(same(ours[k] if k in ours else ours[str(k)], v) for k, v in theirs.items())
+        return np.array_equal(np.asarray(ours, np.float32), theirs)
+
+    return same(backbone, checkpoint)
+
+
 def _copy_tokenizer(model_dir: Path, folder: Path) -> None:
     for path in sorted(model_dir.iterdir()):
         if path.is_file() and any(fnmatch(path.name, pattern) for pattern in _TOKENIZER_FILES):
@@ -129,7 +193,14 @@ def write(
     from safetensors.numpy import save_file
 
     from stackft_jax.models import bert  # flax: only when writing an export
+    from stackft_jax.models.adaptation import lora
 
+    refuse_unexportable(source)
+    peft_adapter = None
+    if source.adaptation is not None and source.adaptation.lora is not None:
+        peft_adapter = _write_peft_adapter(source, loaded, folder / PEFT_DIR)
+        merged = lora.merge(loaded.params["backbone"], source.adaptation.lora)
+        loaded = dataclasses.replace(loaded, params={**loaded.params, "backbone": merged})
     stem = _CLASS_STEMS[loaded.bert_config.model_type]
     config = hf_config(source.model_dir, loaded.bert_config, f"{stem}Model")
     (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
@@ -174,6 +245,8 @@ def write(
         "final_from": scores_from,
         "transformers_task_model": task_model[0] if isinstance(task_model, tuple) else None,
         "transformers_task_model_why_not": None if isinstance(task_model, tuple) else task_model,
+        # A LoRA run: its update in peft's format (folder, base model, rank, alpha, dropout, targets).
+        "peft_adapter": peft_adapter,
         "config": _export_config(source),
         # What opening.open_export hands on as the run's results (predict's record of where it came from).
         "run": {
@@ -231,6 +304,23 @@ def model_card(record: dict[str, Any], name: str) -> str:
         else f"No transformers class holds this head ({record['transformers_task_model_why_not']}); "
         "`head.safetensors` and `head_config.json` describe it.\n"
     )
+    adapter = record.get("peft_adapter")
+    peft_use = ""
+    if adapter:
+        # A base written into the export is named relative to it; otherwise it is the run's model.
+        base = adapter["base_model"]
+        base = f"{name}/{base}" if base.startswith(f"{PEFT_DIR}/") else base
+        peft_use = f"""
+The encoder holds the run's LoRA update folded into its weights. `{adapter["folder"]}/` holds the update
+itself in peft's format (rank {adapter["rank"]}, alpha {adapter["alpha"]}), for the encoder it was trained on:
+
+```python
+from peft import PeftModel
+from transformers import AutoModel
+base = AutoModel.from_pretrained("{base}")
+model = PeftModel.from_pretrained(base, "{name}/{adapter["folder"]}")
+```
+"""
     return f"""# {name}
 
 A BERT-family encoder fine-tuned with stackft_jax on the task `{task["name"]}` ({task["objective"]}; outputs
@@ -267,7 +357,7 @@ from transformers import AutoModel, AutoTokenizer
 tokenizer = AutoTokenizer.from_pretrained("{name}")
 model = AutoModel.from_pretrained("{name}")
 ```
-
+{peft_use}
 {transformers_head}"""
 
 
@@ -286,6 +376,7 @@ def export(source: opening.Source, out: str | Path, *, overwrite: bool = False) 
             f"--out={out} holds files that are no export (no {opening.HEAD_CONFIG}); --overwrite "
             "replaces only an earlier export: choose a new folder"
         )
+    refuse_unexportable(source)  # before any compute
     loaded = source.load()
     if jax.process_index() != 0:
         return None

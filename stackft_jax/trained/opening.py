@@ -23,6 +23,7 @@ from stackft_jax.config import spec
 from stackft_jax.config.spec import RunSpec
 from stackft_jax.data.task_spec import TaskSpec
 from stackft_jax.models import bert
+from stackft_jax.models.adaptation import EncoderAdaptation
 from stackft_jax.runtime.cli_errors import DataError, UsageError
 from stackft_jax.trained import run_params
 from stackft_jax.training import build
@@ -61,8 +62,14 @@ class Source:
         """The encoder's folder: its tokenizer, config.json and (unless model.init=random) weights."""
         return bert.resolve_model_dir(self.run_spec.model.name_or_path)
 
+    @property
+    def adaptation(self) -> EncoderAdaptation | None:
+        """The run's LoRA / adapter parameters (run_params.recorded_adaptation). None for an export, whose
+        encoder is plain: LoRA folded into it (hf_export), and no export of an adapters run exists."""
+        return None if self.is_export else run_params.recorded_adaptation(self.run_spec)
+
     def load(self) -> Loaded:
-        model, bert_config = build.build_model(self.run_spec, self.task, self.model_dir)
+        model, bert_config = build.build_model(self.run_spec, self.task, self.model_dir, self.adaptation)
         graphdef, state = nnx.split(model)
         params = nnx.to_pure_dict(state)
         if self.is_export:

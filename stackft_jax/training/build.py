@@ -16,6 +16,7 @@ from stackft_jax.config.spec import RunSpec
 from stackft_jax.data import tokenization
 from stackft_jax.data.task_spec import TaskSpec
 from stackft_jax.models import bert
+from stackft_jax.models.adaptation import EncoderAdaptation
 from stackft_jax.models.task_model import TaskModel
 from stackft_jax.runtime import sharding
 from stackft_jax.runtime.cli_errors import UsageError
@@ -33,10 +34,14 @@ def backbone_config(config: RunSpec | ml_collections.ConfigDict, model_dir: Path
 
 
 def build_model(
-    config: RunSpec | ml_collections.ConfigDict, task: TaskSpec, model_dir: Path
+    config: RunSpec | ml_collections.ConfigDict,
+    task: TaskSpec,
+    model_dir: Path,
+    adaptation: EncoderAdaptation | None = None,
 ) -> tuple[TaskModel, bert.BertConfig]:
     """The task model `config` describes, its encoder loaded from `model_dir` when `model.init` is
-    "pretrained" (seeded by `config.seed` either way)."""
+    "pretrained" (seeded by `config.seed` either way); `adaptation`: the LoRA / adapter parameters the
+    encoder adds (models/adaptation/; loading leaves them as initialised)."""
     bert_config = backbone_config(config, model_dir)
     model = TaskModel(
         bert_config,
@@ -45,6 +50,7 @@ def build_model(
         output_names=task.output_names,
         scalar_mix=config.model.scalar_mix,
         dtype=jnp.dtype(config.model.dtype),
+        adaptation=adaptation,
         rngs=nnx.Rngs(params=config.seed),
     )
     if config.model.init == "pretrained":
