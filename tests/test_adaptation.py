@@ -26,7 +26,6 @@ from stackft_jax.models.adaptation import (
     LoraSettings,
     default_adaptation_configs,
     encoder_adaptation,
-    from_config_block,
     lora,
 )
 from stackft_jax.models.bert import BertConfig, BertModel
@@ -284,15 +283,12 @@ def test_options_defaults_are_written_once_with_a_comment_each():
         assert all(comments.get(key) for key in kind.options), (name, comments)
 
 
-def test_settings_from_options_and_from_a_recorded_config():
+def test_settings_from_options():
     assert encoder_adaptation(["bitfit"]) is None
     both = encoder_adaptation(["lora", "adapters"], {"lora": {"rank": 2, "targets": "key"}})
     assert both.lora == LoraSettings(rank=2, alpha=16.0, dropout=0.0, targets="key")
     assert both.adapters == AdapterSettings(bottleneck=64, activation="gelu")
     assert both.lora.scale == 8.0 and both.lora.projections == ("key",)
-    recorded = {"kinds": ["lora"], "lora": {"rank": 2, "targets": "key"}, "adapters": {"bottleneck": 3}}
-    assert from_config_block(recorded) == EncoderAdaptation(lora=both.lora)
-    assert from_config_block(None) is None and from_config_block({"kinds": []}) is None
 
 
 @pytest.mark.parametrize(
@@ -445,14 +441,16 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def adapted_run(
-    tmp_path: Path, block: dict, lora_std: float = 0.3, **keys
+    tmp_path: Path, kind: str, options: dict, lora_std: float = 0.3, **keys
 ) -> tuple[opening.Source, opening.Loaded]:
-    """The tiny config's model as a run whose recorded config has the `adaptation` block `block`, its LoRA
-    leaves redrawn from N(0, lora_std) (B too, so the update is not a no-op) as if trained."""
+    """The tiny config's model as a run of the preset `kind` (config.strategy) with the kind's `options`
+    (config.adaptation.<kind>), its LoRA leaves redrawn from N(0, lora_std) (B too, so the update is not a
+    no-op) as if trained."""
     sys.path.insert(0, str(REPO))
     from configs import tiny
 
-    config = tiny.get_config("")
+    config = tiny.get_config(f"strategy={kind}")
+    config.adaptation[kind].update(options)
     for key, value in keys.items():
         *parents, leaf = key.split(".")
         node = config
@@ -460,7 +458,6 @@ def adapted_run(
             node = node[parent]
         node[leaf] = value
     run_spec = spec.resolve(config)
-    run_spec = dataclasses.replace(run_spec, raw={**run_spec.raw, "adaptation": block})
     source = opening.Source(tmp_path, run_spec, False, "last", None, {})
     model, bert_config = build.build_model(run_spec, run_spec.task, source.model_dir, source.adaptation)
     randomize_lora(model, std=lora_std)
@@ -482,8 +479,7 @@ def our_hidden_states(loaded: opening.Loaded, batch: dict) -> list[np.ndarray]:
 
 
 def test_a_lora_run_exports_the_merged_encoder_and_a_peft_adapter(tmp_path):
-    block = {"kinds": ["lora"], "lora": {"rank": 4, "alpha": 8.0, "targets": ".*"}}
-    source, loaded = adapted_run(tmp_path, block)
+    source, loaded = adapted_run(tmp_path, "lora", {"rank": 4, "alpha": 8.0, "targets": ".*"})
     folder = tmp_path / "export"
     folder.mkdir()
     record = hf_export.write(source, loaded, folder)
@@ -511,11 +507,12 @@ def test_a_lora_run_exports_the_merged_encoder_and_a_peft_adapter(tmp_path):
 
 
 def test_a_lora_run_on_an_untouched_checkpoint_names_it_as_the_adapters_base(tmp_path):
-    block = {"kinds": ["lora"], "lora": {"rank": 2}}
     keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
     overrides = {f"model.config_overrides.{k}": 0 for k in keys}
     # MiniLM's weights are ~0.05: an update of that size (std 0.3 would swamp them and the float32 error).
-    source, loaded = adapted_run(tmp_path, block, 0.05, **{"model.init": "pretrained", **overrides})
+    source, loaded = adapted_run(
+        tmp_path, "lora", {"rank": 2}, 0.05, **{"model.init": "pretrained", **overrides}
+    )
     folder = tmp_path / "export"
     folder.mkdir()
     record = hf_export.write(source, loaded, folder)
@@ -529,7 +526,7 @@ def test_a_lora_run_on_an_untouched_checkpoint_names_it_as_the_adapters_base(tmp
 
 
 def test_a_bitfit_run_exports_as_before(tmp_path):
-    source, loaded = adapted_run(tmp_path, {"kinds": ["bitfit"], "bitfit": {"layer_norm": True}})
+    source, loaded = adapted_run(tmp_path, "bitfit", {"layer_norm": True})
     assert source.adaptation is None
     folder = tmp_path / "export"
     folder.mkdir()
@@ -538,7 +535,7 @@ def test_a_bitfit_run_exports_as_before(tmp_path):
 
 
 def test_an_adapters_run_is_refused_in_one_line_before_any_work(tmp_path):
-    source, loaded = adapted_run(tmp_path, {"kinds": ["adapters"], "adapters": {"bottleneck": 4}})
+    source, loaded = adapted_run(tmp_path, "adapters", {"bottleneck": 4})
     with pytest.raises(UsageError, match=r"Houlsby adapters .* no export; predict runs it") as e:
         hf_export.write(source, loaded, tmp_path)
     assert "\n" not in str(e.value)

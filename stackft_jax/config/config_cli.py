@@ -29,6 +29,7 @@ import ml_collections
 
 from stackft_jax.config import defaults, phases
 from stackft_jax.data import tasks
+from stackft_jax.models import adaptation
 from stackft_jax.runtime.cli_errors import ConfigError
 
 SHORTHANDS = {"task": "data.task", "head": "head.name"}
@@ -372,6 +373,8 @@ def key_comments() -> dict[str, str]:
     comments.update({f"phases.{key}": f.metadata["doc"] for key, f in phases.BLOCK_KEYS.items()})
     for alias, declared in phases.ALIASES.items():
         comments.update({f"{alias}.{key}": text for key, text in declared.comments().items()})
+    for kind, path in adaptation.option_sources().items():
+        comments.update({f"adaptation.{kind}.{key}": text for key, text in source_comments(path).items()})
     for name, (default_config, _) in HEADS.items():
         head_comments = source_comments(Path(inspect.getsourcefile(default_config)))
         comments.update({f"head.{name}.{key}": text for key, text in head_comments.items()})

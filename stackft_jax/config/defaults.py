@@ -23,6 +23,7 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 from stackft_jax.config import phases
+from stackft_jax.models import adaptation
 from stackft_jax.models.heads import default_head_configs
 
 
@@ -84,6 +85,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.phase1 = phases.ALIASES["phase1"].config()  # the frozen-backbone phase (stack_only, and s&f's first)
     c.phase2 = phases.ALIASES["phase2"].config()  # the all-parameters phase (finetune_only, and s&f's second)
     c.unfreezing = phases.ALIASES["unfreezing"].config()  # gradual_unfreezing: the phases after the head's
+    # Each adaptation kind's options (stackft_jax/models/adaptation/<kind>.py), read by the phases whose
+    # `adaptation` names it (the presets lora, lp_lora, bitfit, lp_bitfit, adapters).
+    c.adaptation = adaptation.default_adaptation_configs()
     # Where feature-cached phases keep their backbone features: a folder shared by runs (one subfolder
     # per fingerprint of model, data and options; training/feature_cache.py); "": WORKDIR/feature_cache,
     # or a grid's shared folder; "none": WORKDIR's, also in a grid.

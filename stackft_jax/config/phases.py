@@ -40,6 +40,7 @@ from typing import Any
 import ml_collections
 from ml_collections.config_dict import placeholder
 
+from stackft_jax.models import adaptation as adaptation_kinds
 from stackft_jax.runtime.cli_errors import ConfigError
 
 SCHEDULES = ("constant", "warmup_linear", "slanted_triangular")
@@ -47,6 +48,7 @@ FEATURE_CACHE_DTYPES = ("float32", "bfloat16")
 _PHASE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 FROZEN = "frozen"  # the group of a rule whose parameters a phase does not train (optim.py zeroes them)
+ADAPTATION = "adaptation"  # the group of an adaptation kind's parameters (Phase.adaptation)
 
 
 def rule_of(rules: Sequence[tuple[str, str]], name: str) -> int | None:
@@ -115,10 +117,20 @@ class Phase:
         False, "train the head on backbone features computed once (needs a frozen backbone without dropout)"
     )
     feature_cache_dtype: str = _key("float32", "float32 | bfloat16 (half the disk and page cache)")
+    adaptation: str = _key(
+        "",
+        "'' | bitfit | lora | adapters (stackft_jax/models/adaptation/): the kind's parameters train in the "
+        "group 'adaptation' (rules put before the phase's own; config.adaptation.<kind> holds its options)",
+    )
     source: str = ""  # the config keys it was written from, for messages ("config.phases[1] (head)")
 
     def __post_init__(self):
         where = self.source or f"phase {self.name}"
+        if self.adaptation and self.adaptation not in adaptation_kinds.KINDS:
+            raise ConfigError(
+                f"{where}.adaptation={self.adaptation!r}: choose '' or one of "
+                f"{sorted(adaptation_kinds.KINDS)}"
+            )
         object.__setattr__(self, "rules", tuple((str(p), str(g)) for p, g in self.rules))
         object.__setattr__(
             self, "learning_rates", {g: float(lr) for g, lr in dict(self.learning_rates).items()}
@@ -180,8 +192,9 @@ class Phase:
         }
 
     @classmethod
-    def from_block(cls, block: Mapping[str, Any], source: str) -> "Phase":
-        """A written phase block (`block`, or its JSON form) as a phase, its keys checked."""
+    def from_block(cls, block: Mapping[str, Any], source: str, options: Mapping[str, Any]) -> "Phase":
+        """A written phase block (`block`, or its JSON form) as a phase, its keys checked; with an
+        `adaptation` kind, the kind's rules (its `options`: config.adaptation) go before the block's."""
         keys = set(block.keys())
         unknown = sorted(keys - set(BLOCK_KEYS))
         if unknown:
@@ -193,7 +206,19 @@ class Phase:
             if len(rule) != 2 or not all(isinstance(part, str) for part in rule):
                 raise ConfigError(f"{source}.rules[{j}]={rule!r}: a rule is a (regex, group) pair")
         values = {key: block[key] for key in BLOCK_KEYS if key in keys}
+        if values.get("adaptation"):
+            values["rules"] = (*adaptation_rules(values["adaptation"], options, source), *values["rules"])
         return cls(**values, source=source)
+
+
+def adaptation_rules(kind: str, options: Mapping[str, Any], source: str) -> tuple[tuple[str, str], ...]:
+    """The rules that train an adaptation kind's parameters in the group `adaptation`."""
+    if kind not in adaptation_kinds.KINDS:
+        raise ConfigError(
+            f"{source}.adaptation={kind!r}: choose '' or one of {sorted(adaptation_kinds.KINDS)}"
+        )
+    patterns = adaptation_kinds.KINDS[kind].trained_patterns(options.get(kind) or {})
+    return tuple((pattern, ADAPTATION) for pattern in patterns)
 
 
 # Every key of a phase block with its default ("name", "rules", "learning_rates" have none) and comment.
@@ -295,6 +320,11 @@ ALIASES: dict[str, AliasBlock] = {
             ),
             "new_head_learning_rate": (1e-3, "a new head's rate (docs/finetune_collapse.md)"),
             "layerwise_lr_decay": (1.0, "< 1: discriminative learning rates per BERT layer"),
+            "adaptation_learning_rate": (
+                5e-4,
+                "peak rate of an adaptation kind's parameters (lora, lp_lora, bitfit, lp_bitfit, adapters; "
+                "the LoRA paper's RoBERTa-base GLUE runs: 4e-4 to 5e-4)",
+            ),
         },
         phase_keys=(*_BUDGET, "patience_evals"),
         defaults={"num_epochs": 3.0, "warmup_ratio": 0.1, "schedule": "warmup_linear"},
@@ -489,6 +519,42 @@ def _lp_ft(aliases, shape):
     ]
 
 
+def _adapted_phase(name: str, kind: str, aliases, shape: EncoderShape, *, head_rate: float) -> Phase:
+    """phase2.* as a phase of an adaptation kind: its parameters and the head train, the rest is frozen."""
+    p2 = aliases.phase2
+    return Phase(
+        name,
+        rules=(
+            *adaptation_rules(kind, aliases.adaptation, "config.phase2"),
+            ("backbone/.*", FROZEN),
+            ("head/.*", "head"),
+        ),
+        learning_rates={ADAPTATION: p2.adaptation_learning_rate, "head": head_rate},
+        adaptation=kind,
+        source="config.phase2",
+        **ALIASES["phase2"].phase_options(p2),
+    )
+
+
+def _adapted(kind: str) -> Callable:
+    def preset(aliases, shape):
+        return [_adapted_phase(kind, kind, aliases, shape, head_rate=head_rate(aliases, head_is_new=True))]
+
+    preset.__doc__ = f"{kind} alone: its parameters and the new head train from step 0."
+    return preset
+
+
+def _head_then(kind: str) -> Callable:
+    def preset(aliases, shape):
+        return [
+            _frozen_backbone_phase("head", aliases, guard=True),
+            _adapted_phase(kind, kind, aliases, shape, head_rate=head_rate(aliases, head_is_new=False)),
+        ]
+
+    preset.__doc__ = f"stack-and-finetune's head phase (phase1.*), then {kind} (phase2.*): LP-FT's order."
+    return preset
+
+
 # name -> (the alias blocks it reads, the encoder's shape) -> its phases
 PRESETS: dict[str, Callable[[ml_collections.ConfigDict, EncoderShape], list[Phase]]] = {
     "finetune_only": _finetune_only,
@@ -497,6 +563,11 @@ PRESETS: dict[str, Callable[[ml_collections.ConfigDict, EncoderShape], list[Phas
     "stack_and_finetune": _stack_and_finetune,
     "gradual_unfreezing": _gradual_unfreezing,
     "lp_ft": _lp_ft,
+    "lora": _adapted("lora"),
+    "lp_lora": _head_then("lora"),
+    "bitfit": _adapted("bitfit"),
+    "lp_bitfit": _head_then("bitfit"),
+    "adapters": _adapted("adapters"),
 }
 STRATEGIES = tuple(PRESETS)
 # The alias blocks each preset reads (only these bind a workdir).
@@ -507,7 +578,37 @@ PRESET_ALIASES: dict[str, tuple[str, ...]] = {
     "stack_and_finetune": ("phase1", "phase2"),
     "gradual_unfreezing": ("phase1", "phase2", "unfreezing"),
     "lp_ft": ("phase1", "phase2"),
+    "lora": ("phase2",),
+    "lp_lora": ("phase1", "phase2"),
+    "bitfit": ("phase2",),
+    "lp_bitfit": ("phase1", "phase2"),
+    "adapters": ("phase2",),
 }
+# The adaptation kind each preset's phases use (the encoder builds its parameters from the start).
+PRESET_KINDS = {
+    "lora": "lora",
+    "lp_lora": "lora",
+    "bitfit": "bitfit",
+    "lp_bitfit": "bitfit",
+    "adapters": "adapters",
+}
+
+
+def adaptation_kinds_of(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """The adaptation kinds a config's schedule uses: its preset's, or its written phases'."""
+    if config.phases:
+        kinds = {}
+        for i, b in enumerate(config.phases):
+            kind = b.get("adaptation")
+            if kind and kind not in adaptation_kinds.KINDS:
+                raise ConfigError(
+                    f"config.phases[{i}] ({b.get('name')}).adaptation={kind!r}: choose '' or one of "
+                    f"{sorted(adaptation_kinds.KINDS)}"
+                )
+            kinds[kind] = None
+        return tuple(kind for kind in kinds if kind)
+    kind = PRESET_KINDS.get(config.strategy)
+    return (kind,) if kind else ()
 
 
 def expand(config: ml_collections.ConfigDict, shape: EncoderShape) -> tuple[Phase, ...]:
@@ -527,7 +628,7 @@ def expand(config: ml_collections.ConfigDict, shape: EncoderShape) -> tuple[Phas
                 f"config.phases is written, and config.strategy={config.strategy!r} names a preset: give "
                 "the schedule its own name (config.strategy labels it in results and reports)"
             )
-        plan = [_written_phase(b, i) for i, b in enumerate(config.phases)]
+        plan = [_written_phase(b, i, config.adaptation) for i, b in enumerate(config.phases)]
         names = [phase.name for phase in plan]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
@@ -542,7 +643,7 @@ def expand(config: ml_collections.ConfigDict, shape: EncoderShape) -> tuple[Phas
     return tuple(plan)
 
 
-def _written_phase(b: ml_collections.ConfigDict, index: int) -> Phase:
+def _written_phase(b: ml_collections.ConfigDict, index: int, options: Mapping[str, Any]) -> Phase:
     source = f"config.phases[{index}]"
     name = b.get("name")
     if not isinstance(name, str) or not _PHASE_NAME.match(name) or name == "best" or name.endswith("_end"):
@@ -550,7 +651,7 @@ def _written_phase(b: ml_collections.ConfigDict, index: int) -> Phase:
             f"{source}.name={name!r}: letters, digits, '_', '.', '-'; not 'best' or ending in '_end' "
             "(checkpoint folders)"
         )
-    return Phase.from_block(b, f"{source} ({name})")
+    return Phase.from_block(b, f"{source} ({name})", options)
 
 
 def check_rules(plan: Sequence[Phase], param_names: Sequence[str]) -> None:

@@ -23,6 +23,7 @@ import ml_collections
 from stackft_jax.config import config_cli, phases
 from stackft_jax.data import task_spec, tasks
 from stackft_jax.data.task_spec import TaskSpec
+from stackft_jax.models import adaptation as adaptation_kinds
 from stackft_jax.models import heads
 from stackft_jax.models.objectives import CLASSIFICATION
 from stackft_jax.runtime.cli_errors import ConfigError
@@ -105,6 +106,10 @@ class RunSpec:
     feature_cache_dir: str  # "": the workdir's (or a grid's); "none": the workdir's; else a shared folder
     model: ModelSpec
     encoder: phases.EncoderShape  # read from the model's config.json (with model.config_overrides)
+    # The adaptation kinds the phases use, each with its options (config.adaptation.<kind>), and the
+    # parameters they add to the encoder (None: none; BitFit adds none).
+    adaptation_options: Mapping[str, Mapping[str, Any]]
+    adaptation: adaptation_kinds.EncoderAdaptation | None
     # The chosen head: {name, dropout_rate, <name>: its block}, the form heads.build_head reads.
     head: ml_collections.ConfigDict
     data: DataSpec
@@ -146,7 +151,12 @@ def resolve(
         config_overrides={k: v for k, v in config.model.config_overrides.items() if v},
         allow_pickle=config.model.allow_pickle,
     )
-    encoder = encoder or encoder_shape(model.name_or_path, model.config_overrides)
+    kinds = phases.adaptation_kinds_of(config)
+    options = {
+        kind: adaptation_kinds.KINDS[kind].resolve(config.adaptation[kind].to_dict()) for kind in kinds
+    }
+    extra = adaptation_kinds.encoder_adaptation(kinds, options)
+    encoder = encoder or encoder_shape(model.name_or_path, model.config_overrides, extra)
     data = config.data
     spec = RunSpec(
         strategy=config.strategy,
@@ -167,6 +177,8 @@ def resolve(
         feature_cache_dir=config.feature_cache_dir,
         model=model,
         encoder=encoder,
+        adaptation_options=options,
+        adaptation=extra,
         head=head,
         data=DataSpec(
             task=data.task,
@@ -291,21 +303,29 @@ def _head(config: ml_collections.ConfigDict, task: TaskSpec) -> ml_collections.C
     return head
 
 
-def encoder_shape(name_or_path: str, overrides: Mapping[str, int] | None = None) -> phases.EncoderShape:
+def encoder_shape(
+    name_or_path: str,
+    overrides: Mapping[str, int] | None = None,
+    adaptation: adaptation_kinds.EncoderAdaptation | None = None,
+) -> phases.EncoderShape:
     """The encoder's depth, pooler and parameter paths: its config.json (downloaded for a hub id) with
-    the architecture `overrides` (model.config_overrides)."""
-    return _encoder_shape(name_or_path, tuple(sorted((overrides or {}).items())))
+    the architecture `overrides` (model.config_overrides) and the `adaptation` parameters it adds."""
+    return _encoder_shape(name_or_path, tuple(sorted((overrides or {}).items())), adaptation)
 
 
 @functools.cache
-def _encoder_shape(name_or_path: str, overrides: tuple[tuple[str, int], ...]) -> phases.EncoderShape:
+def _encoder_shape(
+    name_or_path: str,
+    overrides: tuple[tuple[str, int], ...],
+    adaptation: adaptation_kinds.EncoderAdaptation | None,
+) -> phases.EncoderShape:
     from flax import nnx  # the model registry's own import; no backend starts for an abstract model
 
     from stackft_jax.models import bert
 
     encoder = bert.BertConfig.from_pretrained(bert.resolve_model_dir(name_or_path))
     encoder = dataclasses.replace(encoder, **dict(overrides))
-    abstract = nnx.eval_shape(lambda: bert.BertModel(encoder, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: bert.BertModel(encoder, adaptation=adaptation, rngs=nnx.Rngs(0)))
     return phases.EncoderShape(
         num_layers=encoder.num_hidden_layers,
         has_pooler=encoder.family.has_pooler,
@@ -372,8 +392,10 @@ def binding_form(spec: RunSpec) -> dict[str, Any]:
     plain: dict[str, Any] = {
         k: v
         for k, v in raw.items()
-        if k not in (*RESULT_NEUTRAL_KEYS, "head", "phase1", "phase2", "unfreezing")
+        if k not in (*RESULT_NEUTRAL_KEYS, "head", "phase1", "phase2", "unfreezing", "adaptation")
     }
+    if spec.adaptation_options:  # only the options of the kinds the phases use
+        plain["adaptation"] = {kind: dict(options) for kind, options in spec.adaptation_options.items()}
     for key in RESULT_NEUTRAL_KEYS:
         parent, _, leaf = key.rpartition(".")
         if parent and isinstance(plain.get(parent), Mapping):

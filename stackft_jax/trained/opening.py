@@ -64,9 +64,10 @@ class Source:
 
     @property
     def adaptation(self) -> EncoderAdaptation | None:
-        """The run's LoRA / adapter parameters (run_params.recorded_adaptation). None for an export, whose
-        encoder is plain: LoRA folded into it (hf_export), and no export of an adapters run exists."""
-        return None if self.is_export else run_params.recorded_adaptation(self.run_spec)
+        """The run's LoRA / adapter parameters (its spec's, from the kinds its phases use). None for an
+        export, whose encoder is plain: LoRA folded into it (hf_export), and no export of an adapters run
+        exists."""
+        return None if self.is_export else self.run_spec.adaptation
 
     def load(self) -> Loaded:
         model, bert_config = build.build_model(self.run_spec, self.task, self.model_dir, self.adaptation)

@@ -23,7 +23,7 @@ from flax import nnx
 
 from stackft_jax.config import spec
 from stackft_jax.config.spec import RunSpec
-from stackft_jax.models import adaptation, bert
+from stackft_jax.models import bert
 from stackft_jax.training import build, checkpointing, workdirs
 
 
@@ -34,12 +34,6 @@ def recorded_spec(workdir: str | Path) -> RunSpec:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no recorded config (not a run's workdir)")
     return spec.resolve(spec.config_from_plain(json.loads(path.read_text())["config"]), recorded=True)
-
-
-def recorded_adaptation(run_spec: RunSpec) -> adaptation.EncoderAdaptation | None:
-    """The LoRA / adapter parameters the run's encoder had, from its recorded config's `adaptation` block:
-    {"kinds": [the kinds its phases use], "lora": {...}, "adapters": {...}, "bitfit": {...}}; absent: none."""
-    return adaptation.from_config_block(run_spec.raw.get("adaptation"))
 
 
 def phase_names(run_spec: RunSpec) -> list[str]:
@@ -65,7 +59,7 @@ def best_params(workdir: str | Path, like: dict[str, Any] | None = None) -> tupl
 
 def _initial_params(run_spec: RunSpec) -> dict[str, Any]:
     model_dir = bert.resolve_model_dir(run_spec.model.name_or_path)
-    model, _ = build.build_model(run_spec, run_spec.task, model_dir, recorded_adaptation(run_spec))
+    model, _ = build.build_model(run_spec, run_spec.task, model_dir, run_spec.adaptation)
     return nnx.to_pure_dict(nnx.state(model))
 
 

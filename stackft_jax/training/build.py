@@ -67,7 +67,7 @@ def initial_model(
 ) -> tuple[nnx.GraphDef, Any, bert.BertConfig]:
     """The run's model before its first phase: (graph, parameters replicated over `mesh`, encoder
     config)."""
-    model, bert_config = build_model(run_spec, run_spec.task, model_dir)
+    model, bert_config = build_model(run_spec, run_spec.task, model_dir, run_spec.adaptation)
     graphdef, state = nnx.split(model)
     params = jax.device_put(nnx.to_pure_dict(state), sharding.replicated(mesh))
     return graphdef, params, bert_config

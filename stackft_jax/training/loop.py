@@ -547,6 +547,14 @@ def _phase_end(
     return record
 
 
+def parameter_counts(params, trained) -> dict[str, int]:
+    """How many parameters the phase trained and how many the model has (results.json
+    `phases[i].parameters`): a LoRA or BitFit phase trains a small share."""
+    sizes = [int(x.size) for x in jax.tree.leaves(params)]
+    marks = [bool(t) for t in jax.tree.leaves(trained)]
+    return {"trained": sum(n for n, t in zip(sizes, marks, strict=True) if t), "total": sum(sizes)}
+
+
 def _stopped_on_noise(
     ctx: Context, phase: phases.Phase, stop_reason: str | None, evaluated: _Evaluated | None
 ) -> list[str]:
@@ -675,6 +683,7 @@ def run_phase(
 
     boundaries.check_frozen(phase.name, progress.state.params, trained, frozen)
     record = _phase_end(ctx, progress, features, frozen_backbone)
+    record["parameters"] = parameter_counts(progress.state.params, trained)
     # Cached features may round differently from the backbone's own outputs: only an evaluation without
     # them scored exactly what final scoring would.
     dev_at_end = progress.evaluated.dev if progress.evaluated is not None and not features else None

@@ -9,7 +9,6 @@ The config side asks:
     KINDS[name].trained_patterns(options)   # regexes over `backbone/...` paths a phase of it trains
     default_adaptation_configs()            # config.adaptation.<kind>.<option> blocks
     encoder_adaptation(kinds, options)      # what build_model(..., adaptation=...) gets
-    from_config_block(config["adaptation"]) # the same, from a run's recorded config
 """
 
 import inspect
@@ -36,7 +35,6 @@ __all__ = [
     "LoraSettings",
     "default_adaptation_configs",
     "encoder_adaptation",
-    "from_config_block",
     "option_sources",
 ]
 
@@ -70,11 +68,3 @@ def encoder_adaptation(
         extra = KINDS[name].encoder_settings(options.get(name) or {})
         settings = extra if settings is None else settings.combine(extra)
     return settings
-
-
-def from_config_block(block: Mapping[str, Any] | None) -> EncoderAdaptation | None:
-    """`encoder_adaptation` of a run's recorded `config["adaptation"]` block ({"kinds": [...], "lora":
-    {...}, ...}); absent: no adaptation."""
-    if not block:
-        return None
-    return encoder_adaptation(block.get("kinds") or (), {name: block.get(name) or {} for name in KINDS})
