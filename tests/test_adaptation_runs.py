@@ -4,7 +4,10 @@ weight they do not train bit-identical to the checkpoint's, checkpoint only what
 a written schedule uses a kind in any phase. The model side (parameters, step 0, merging, peft) is
 tests/test_adaptation.py."""
 
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -16,10 +19,10 @@ from configs import tiny
 from stackft_jax.config import config_cli, phases, spec
 from stackft_jax.models import bert
 from stackft_jax.runtime.cli_errors import ConfigError
-from stackft_jax.trained import run_params
+from stackft_jax.trained import opening, run_params
 from stackft_jax.training import build, checkpointing, optim, train
 from tests.test_encoder_runs import PRETRAINED, roberta_dir  # noqa: F401 (a fixture)
-from tests.test_predict import FIXTURES, _predict_cli
+from tests.test_predict import FIXTURES, REPO, _predict_cli
 
 ADAPTED = ("lora", "lp_lora", "bitfit", "lp_bitfit", "adapters")
 
@@ -162,3 +165,66 @@ def test_a_lora_phases_checkpoint_and_adam_state_are_a_small_share_of_full_fine_
     for strategy in ("lora", "bitfit", "adapters"):
         checkpoint, adam = sizes[strategy]
         assert checkpoint < 0.1 * full_checkpoint and adam < 0.1 * full_adam, (strategy, sizes)
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_a_lora_runs_export_and_peft_adapter_give_predicts_probabilities(
+    roberta_dir,  # noqa: F811 (the fixture)
+    tmp_path,
+    run_cli,
+):
+    """Trained LoRA on a RoBERTa checkpoint: plain transformers loads the merged export, peft loads the
+    adapter onto the checkpoint; both give the predict command's probabilities on the held-out pairs."""
+    import csv
+
+    import peft
+    import torch
+    import transformers
+
+    workdir, out = tmp_path / "run", tmp_path / "export"
+    args = [f"--config.model.name_or_path={roberta_dir}", *PRETRAINED, "--config.strategy=lora"]
+    args += ["--config.head.cls_mlp.hidden_dim=32", "--config.phase2.adaptation_learning_rate=0.05"]
+    proc = run_cli(workdir, *args, "--config.adaptation.lora.targets=.*", "--config.phase2.num_steps=12")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.run(
+        [sys.executable, "-m", "stackft_jax.export", f"--workdir={workdir}", f"--out={out}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    exported = json.loads((out / opening.HEAD_CONFIG).read_text())
+    assert exported["peft_adapter"]["base_model"] == str(roberta_dir)  # the base weights are untouched
+    predicted = [json.loads(line)["probabilities"] for line in (workdir / "predictions" / "dev.jsonl").open()]
+    with (FIXTURES / "qqp" / "dev.tsv").open() as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    encoded = tokenizer(
+        [r["question1"] for r in rows],
+        [r["question2"] for r in rows],
+        padding=True,
+        truncation=True,
+        max_length=32,
+        return_tensors="pt",
+    )
+    task_model = transformers.AutoModelForSequenceClassification.from_pretrained(
+        out / "transformers_task_model"
+    )
+    base = transformers.AutoModel.from_pretrained(roberta_dir)
+    with_adapter = peft.PeftModel.from_pretrained(base, out / "peft_adapter").eval()
+    with torch.no_grad():
+        merged = task_model.eval()(**encoded).logits.numpy()
+        hidden = with_adapter(**encoded).last_hidden_state
+        adapted = task_model.classifier(hidden).numpy()  # RoBERTa's head reads the first token itself
+    # The LoRA update moved the model (else both checks would pass on the base checkpoint).
+    plain = transformers.AutoModel.from_pretrained(roberta_dir).eval()
+    with torch.no_grad():
+        unadapted = task_model.classifier(plain(**encoded).last_hidden_state).numpy()
+    assert np.abs(_softmax(unadapted) - np.asarray(predicted)).max() > 1e-3
+    np.testing.assert_allclose(_softmax(merged), predicted, atol=1e-4)
+    np.testing.assert_allclose(_softmax(adapted), predicted, atol=1e-4)

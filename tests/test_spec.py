@@ -80,3 +80,20 @@ def test_a_phase_key_its_phase_ignores_does_not_bind():
     assert "num_epochs" not in phase1 and "gap_eval_examples" not in phase1
     unfreezing = spec.binding_form(spec.resolve(tiny.get_config("strategy=gradual_unfreezing")))["config"]
     assert isinstance(unfreezing["unfreezing"], list) and unfreezing["phase1"]["name"] == "head"
+
+
+def test_a_record_from_before_the_phase_vocabulary_binds_as_today():
+    """Records written before feature_cache_dir became a run option and before adaptation kinds: the
+    folder sat in phase1 (or a written phase), and there was no `adaptation` block."""
+    for arg in (
+        "strategy=stack_and_finetune,phase1.backbone_dropout=false,phase1.feature_cache=true",
+        "three_phases",
+    ):
+        current = spec.resolve(tiny.get_config(arg))
+        old = json.loads(json.dumps(current.raw))
+        del old["adaptation"], old["feature_cache_dir"], old["phase2"]["adaptation_learning_rate"]
+        for block in [old["phase1"], *old["phases"]]:
+            block["feature_cache_dir"] = "/shared/features"
+            block.pop("adaptation", None)
+        assert spec.recorded_binding_form(old, current.raw) == spec.binding_form(current)
+        assert spec.config_from_plain(old).feature_cache_dir == "/shared/features"
