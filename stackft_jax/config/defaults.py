@@ -8,7 +8,7 @@ Keys that form the interface (see README, "Configuration"):
   data.task                  qqp | mrpc | stsb | sst2 | conll2003 | yahoo_answers
   data.train_file / dev_file / test_file   local files; unset -> the Hugging Face dataset
   strategy                   finetune_only | finetune_only_uniform | stack_only | stack_and_finetune |
-                             gradual_unfreezing | lp_ft,
+                             gradual_unfreezing | lp_ft | lora | lp_lora | bitfit | lp_bitfit | adapters,
                              or the name of the schedule written in `phases`
   phases                     a list of phase blocks (stackft_jax/config/phases.py); empty: the preset
   seed, max_seq_length, per_device_batch_size (global batch = per-device x device count)
@@ -31,8 +31,8 @@ def get_config() -> ml_collections.ConfigDict:
     # Every key has a comment (`--show_config` prints them): at the end of its line, or just above it.
     c = ml_collections.ConfigDict()
     # A preset: finetune_only | finetune_only_uniform | stack_only | stack_and_finetune |
-    # gradual_unfreezing | lp_ft (stackft_jax/config/phases.py); with `phases` written, the name of that
-    # schedule.
+    # gradual_unfreezing | lp_ft | lora | lp_lora | bitfit | lp_bitfit | adapters (stackft_jax/config/
+    # phases.py); with `phases` written, the name of that schedule.
     c.strategy = "stack_and_finetune"
     # The schedule as a list of phases.block(...) (a config file writes it); []: the preset. Rules
     # address backbone/embeddings/..., backbone/layers/<i>/..., backbone/pooler/... (BERT, RoBERTa,

@@ -26,6 +26,13 @@ preset that expands to such a list:
                        discriminative rates (Howard & Ruder 2018); the last phase, everything, is phase2.*.
 - `lp_ft`              `linear_probe` (phase1.*: a linear head, `head.name=linear`, on the frozen
                        backbone, trained to its budget), then `finetune` (phase2.*) (Kumar et al. 2022).
+- `lora`, `bitfit`, `adapters`   one phase (phase2.*) of that adaptation kind (models/adaptation/): its
+                       parameters at `phase2.adaptation_learning_rate` and the new head train, the rest
+                       of the backbone is frozen.
+- `lp_lora`, `lp_bitfit`  `head` (phase1.*, as stack_and_finetune's phase 1), then the kind's phase.
+
+A phase's `adaptation` kind puts the kind's rules (its parameters, in the group `adaptation`) before the
+phase's own; any written phase may name one.
 
 A frozen-backbone phase may run its backbone without dropout (`backbone_dropout=False`); it can then
 train the head from backbone features computed once (`feature_cache`, see feature_cache.py).

@@ -19,7 +19,10 @@ others read it for nothing. New runs record which caches they built (results.jso
 `feature_cache` seconds (builds took 17-390 s in the committed grids, opening an existing cache under
 1 s). `planned` charges every cached phase its build (the cost of the run alone). Every example counts
 as `max_seq_length` tokens (batches pad to length buckets up to it, so this is an upper bound); the head
-counts where models/flops.py counts it (`head_counted`).
+counts where models/flops.py counts it (`head_counted`). A phase of an adaptation kind (LoRA, BitFit,
+adapters) trains backbone parameters, so it counts as a fine-tuning phase (3x the forward): an upper
+bound, since its frozen kernels need no weight gradients; the LoRA and adapter matrices' own FLOPs are
+not counted (rank 8 on query and value: 0.7% of the dense layers' FLOPs per token on MiniLM).
 """
 
 import dataclasses
