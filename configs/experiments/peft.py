@@ -1,0 +1,83 @@
+"""To tune, to stack, or to adapt a few parameters: full fine-tuning and stack-and-finetune against LoRA,
+LoRA after a head phase, and BitFit, on QQP (cls_mlp) and CoNLL-2003 NER (token_mlp), 5 seeds, dev and
+the held-out test split.
+
+  finetune_only        everything, the new head at its own rate (the paper grids' baseline)
+  stack_and_finetune   the head on the frozen encoder, then everything (Wang et al. 2019)
+  lora                 LoRA (query and value, rank 8, alpha 16) and the new head (Hu et al. 2021)
+  lp_lora              the head phase of stack_and_finetune, then LoRA (LP-FT's order)
+  bitfit               the encoder's biases and the new head (Ben Zaken et al. 2022)
+
+Each task keeps its paper grid's test preset (paper_qqp.py:test, paper_conll.py:test): the same data,
+budgets (phase 2 and every single-phase strategy 300 steps; phase 1 on cached features), rates
+(LoRA's and BitFit's parameters at phase2.adaptation_learning_rate, 5e-4) and dev/test protocol, so
+their finetune_only and stack_and_finetune runs are the same resolved configs as the paper grids'
+and are copied from those grids' committed runs instead of trained again (--reuse_runs_from):
+  taskset -c 0 python -m stackft_jax.experiment --config=configs/experiments/peft.py:qqp \
+    --workdir=docs/grids/peft_qqp --reuse_runs_from=docs/grids/paper_qqp_test --shard=0/2 &
+  taskset -c 1 python -m stackft_jax.experiment --config=configs/experiments/peft.py:qqp \
+    --workdir=docs/grids/peft_qqp --reuse_runs_from=docs/grids/paper_qqp_test --shard=1/2
+  (and peft.py:conll into docs/grids/peft_conll from docs/grids/paper_conll_test)
+Cost of the 15 new runs per task: a LoRA or BitFit step still runs the encoder's forward and the backward
+through its activations, so on a CPU it costs most of a fine-tuning step (benchmarks/adaptation.py), and
+lp_lora adds stack-and-finetune's cheap cached head phase: about as many core-hours as 15 finetune-only
+runs of the paper grids' timings.json, about 1.6 for QQP (351 s per run) and 6.5 for CoNLL (1,566 s) at
+load 4-8, plus each run's test pass.
+
+The report compares each adapted strategy with finetune_only and with stack_and_finetune, and lp_lora
+with lora; its compute table gives each cell's FLOPs (an adapted phase counts as fine-tuning: an upper
+bound, training/compute.py) and each run's results.json its trained-parameter count per phase. The
+encoder is all-MiniLM-L6-v2, whose contrastive training data include 103,663 Quora duplicate-question
+triplets: QQP numbers from it are not those of a BERT that never saw Quora (docs/qqp_grid_reading.md).
+"""
+
+import ml_collections
+
+from configs.experiments import paper_conll, paper_qqp
+from stackft_jax.config import config_cli
+
+STRATEGIES = "strategy=finetune_only|stack_and_finetune|lora|lp_lora|bitfit"
+COMPARISONS = "; ".join(
+    [
+        "strategy=lora vs strategy=finetune_only",
+        "strategy=lora vs strategy=stack_and_finetune",
+        "strategy=lp_lora vs strategy=lora",
+        "strategy=lp_lora vs strategy=stack_and_finetune",
+        "strategy=bitfit vs strategy=finetune_only",
+        "baseline",
+    ]
+)
+# Hu et al. 2021 (LoRA), Table 2, RoBERTa-base on GLUE dev: QQP accuracy 90.8 with LoRA against 91.9 with
+# full fine-tuning. Another encoder, task scale and budget: beside our row for scale only.
+LORA_PAPER_QQP = "strategy=lora vs strategy=finetune_only: -1.1 (LoRA paper, RoBERTa-base, GLUE QQP dev)"
+
+
+def qqp(c: ml_collections.ConfigDict) -> None:
+    """QQP, cls_mlp: paper_qqp.py:test's runs (docs/grids/paper_qqp_test)."""
+    grid = paper_qqp.get_config("test")
+    c.base = grid.base + ",head=cls_mlp"
+    c.metric = grid.metric
+    c.paper_results = LORA_PAPER_QQP
+
+
+def conll(c: ml_collections.ConfigDict) -> None:
+    """CoNLL-2003 NER, token_mlp: paper_conll.py:test's runs (docs/grids/paper_conll_test)."""
+    grid = paper_conll.get_config("test")
+    c.base = grid.base + ",head=token_mlp"
+    c.metric = grid.metric
+    c.paper_results = ""
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.base = "configs/quora.py:head=cls_mlp"  # bert-base-uncased, GLUE QQP (the presets: the CPU grids)
+    c.axes = STRATEGIES  # "key=value|value|...; key=..." over any config keys
+    c.num_seeds = 5  # seeds 0 .. num_seeds-1 per cell
+    c.baseline = "strategy=finetune_only"  # the cell every other value of this axis is compared with
+    c.metric = "accuracy"  # the dev metric of the comparisons
+    # Report-only (changing them retrains nothing): the report's rows, and published gains beside them.
+    c.comparisons = COMPARISONS
+    c.paper_results = LORA_PAPER_QQP
+    c.equivalence_margin = 0.01  # TOST's margin (1 point) behind any "level" in the docs
+    config_cli.apply_items(c, arg, {"qqp": qqp, "conll": conll})
+    return c
