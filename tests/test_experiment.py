@@ -1137,3 +1137,26 @@ def test_a_mistyped_reuse_source_is_refused_before_the_grid_workdir_is_bound(tmp
     with pytest.raises(config_cli.ConfigError, match="not a grid workdir"):
         grid.run_grid(_grid(num_seeds=1), tmp_path / "grid", reuse_runs_from=[tmp_path / "nope"])
     assert not (tmp_path / "grid").exists()
+
+
+@pytest.mark.parametrize(
+    ("preset", "paper"), [("qqp", "paper_qqp.py:test"), ("conll", "paper_conll.py:test")]
+)
+def test_the_peft_grid_shares_its_two_baseline_cells_with_the_paper_grid(preset, paper, tmp_path):
+    """configs/experiments/peft.py: the adapted cells train their kind; finetune_only and stack_and_finetune
+    resolve to the paper grid's runs of the same head and seed, so --reuse_runs_from copies them."""
+    peft = config_cli.load(f"configs/experiments/peft.py:{preset}", [], kind="grid")
+    ours = grid._run_specs(peft, grid.runs_of(peft), tmp_path / "peft")
+    theirs = config_cli.load(f"configs/experiments/{paper}", [], kind="grid")
+    paper_specs = {
+        r.name: s for r, s in grid._run_specs(theirs, grid.runs_of(theirs), tmp_path / "paper").items()
+    }
+    head = "cls_mlp" if preset == "qqp" else "token_mlp"
+    by_name = {r.name: s for r, s in ours.items()}
+    assert len(by_name) == 25
+    for strategy in ("finetune_only", "stack_and_finetune"):
+        twin = paper_specs[f"strategy={strategy}-name={head}-seed3"]
+        assert spec.binding_form(by_name[f"strategy={strategy}-seed3"]) == spec.binding_form(twin)
+    for strategy, kind in (("lora", "lora"), ("lp_lora", "lora"), ("bitfit", "bitfit")):
+        run = by_name[f"strategy={strategy}-seed0"]
+        assert run.phases[-1].adaptation == kind and run.data.test_file

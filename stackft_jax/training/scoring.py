@@ -5,10 +5,12 @@ results.json document they go into."""
 
 import dataclasses
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import jax
+import jaxlib
 
 from stackft_jax.config.spec import RunSpec
 from stackft_jax.data import task_spec
@@ -92,6 +94,22 @@ def score(
     )
 
 
+def environment() -> dict[str, Any]:
+    """What a rerun must match to reproduce this run's numbers to the digit (results.json `environment`):
+    the versions, the platform, and on CPU the threads XLA may use, which change how its matrix products
+    split their sums (measured: one pinned core and two cores give different float32 bits, and after
+    hundreds of steps a different prediction on some dev example; pin a rerun with `taskset`)."""
+    device = jax.devices()[0]
+    return {
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "platform": device.platform,
+        "device_kind": device.device_kind,
+        "cpu_threads": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
+
+
 def results(
     run_spec: RunSpec,
     final: FinalScores,
@@ -131,6 +149,7 @@ def results(
         "examples_seen": train_steps * global_batch_size,
         # Training and evaluation time summed over every process lifetime of this run (resumes too).
         "wall_time_s": sum(r["wall_time_s"] for r in phase_records) + scoring_s,
+        "environment": environment(),
     }
     if final.calibration is not None:
         document["calibration"] = final.calibration
