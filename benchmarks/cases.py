@@ -10,6 +10,10 @@ One model and one fixed batch; three cases per framework:
   eval     `steps.eval_step` as runs jit it (`evaluation.jit_eval_step`); torch: `model.eval()` under
            `inference_mode()`.
 
+`adaptation.py` compares full fine-tuning with the parameter-efficient kinds (JAX only): each of its
+cases (`ADAPTATION_CASES`) is a one-phase preset with config overrides (`adaptation_config`), and its
+step is that phase's, built as above.
+
 The head is the project's `cls_mlp` (dropout, dense 256 tanh, dropout, dense 2 on [CLS]); in torch the
 same layers on `transformers.BertModel`'s last hidden state. Dropout is on in both training cases.
 A case's `step()` runs one step to completion (JAX results ready, not just dispatched), so timing it
@@ -28,7 +32,7 @@ import numpy as np
 from flax import nnx
 
 from configs import quora
-from stackft_jax.config import phases, spec
+from stackft_jax.config import config_cli, phases, spec
 from stackft_jax.config.spec import RunSpec
 from stackft_jax.data import task_spec
 from stackft_jax.models import bert
@@ -54,6 +58,15 @@ RANDOM_MODELS = {
 MODELS = ("minilm", *RANDOM_MODELS)
 # The phase of `stack_and_finetune` that each training case runs.
 PHASE_OF_CASE = {"phase1": "phase1", "full": "phase2"}
+# adaptation.py's cases: (the one-phase preset, `key=value` config overrides). The phase of
+# `finetune_only` is the `full` step with the new head at its own rate, as the adapted presets train it.
+ADAPTATION_CASES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "finetune": ("finetune_only", ()),
+    "lora": ("lora", ()),  # rank 8, alpha 16, query and value
+    "bitfit": ("bitfit", ()),
+    "adapters": ("adapters", ()),
+    "lora_all": ("lora", ("adaptation.lora.targets=.*",)),  # every projection of every layer
+}
 
 Step = Callable[[], None]
 
@@ -74,6 +87,24 @@ def experiment_config(model: str, seq_len: int) -> ml_collections.ConfigDict:
         c.model.init = "random"
         c.model.config_overrides.update(RANDOM_MODELS[model])
     return c
+
+
+def adaptation_config(model: str, seq_len: int, case: str) -> ml_collections.ConfigDict:
+    """`experiment_config` with the preset and options of an `ADAPTATION_CASES` case."""
+    if case not in ADAPTATION_CASES:
+        raise ValueError(f"unknown adaptation case {case!r}; choose from {tuple(ADAPTATION_CASES)}")
+    c = experiment_config(model, seq_len)
+    c.strategy, overrides = ADAPTATION_CASES[case]
+    for item in overrides:
+        config_cli.set_value(c, *item.split("=", 1))
+    return c
+
+
+def case_config(model: str, seq_len: int, case: str) -> ml_collections.ConfigDict:
+    """The config a case's model is built from: an adaptation case's, else `experiment_config`."""
+    if case in ADAPTATION_CASES:
+        return adaptation_config(model, seq_len, case)
+    return experiment_config(model, seq_len)
 
 
 def synthetic_batch(batch_size: int, seq_len: int, vocab_size: int, seed: int = 0) -> dict:
@@ -128,10 +159,20 @@ def _fresh_copy(params: Any) -> Any:
     return jax.tree.map(jnp.copy, params)
 
 
+def case_phase(m: JaxModel, case: str) -> phases.Phase:
+    """The phase a training case runs: "full" and "phase1" on an `experiment_config` model, its preset's
+    one phase on an `adaptation_config` model."""
+    if case in ADAPTATION_CASES:
+        (phase,) = m.plan.values()
+        return phase
+    return m.plan[PHASE_OF_CASE[case]]
+
+
 def jax_phase_step(m: JaxModel, case: str, *, copy_params: bool = True) -> tuple[steps.TrainState, Any]:
-    """The train state and `loop.PhaseStep` of `case` ("full" or "phase1"), as `loop.run_phase`
-    builds them. The step donates the state: without `copy_params`, `m.params` is consumed."""
-    phase = m.plan[PHASE_OF_CASE[case]]
+    """The train state and `loop.PhaseStep` of `case` ("full", "phase1" or an `ADAPTATION_CASES` case
+    on its own model), as `loop.run_phase` builds them. The step donates the state: without
+    `copy_params`, `m.params` is consumed."""
+    phase = case_phase(m, case)
     phase_step = loop.build_phase_step(
         phase,
         list(m.plan).index(phase.name),
@@ -279,6 +320,8 @@ def torch_case(m: TorchModel, case: str, batch: dict) -> Case:
 
         return Case(eval_step)
 
+    if case not in PHASE_OF_CASE:
+        raise ValueError(f"torch runs the cases {('eval', *PHASE_OF_CASE)}, not {case!r}")
     module.train()
     frozen = case == "phase1"
     module.requires_grad_(True)

@@ -9,9 +9,12 @@ the process's peak RSS (`resource.getrusage(RUSAGE_SELF).ru_maxrss`) once the mo
 ahead of time (`jit(...).lower(...).compile()`: the compiler's own peak); and after `--steps` steps.
 "Added by steps" is the last minus the peak after compile: the step's working memory (activations,
 gradients, and for torch its optimizer state). For JAX also XLA's own accounting of the compiled step
-(`compiled.memory_analysis()`: temp buffers = activations, gradients and other intermediates).
+(`compiled.memory_analysis()`: temp buffers = activations, gradients and other intermediates) and its
+estimate of the step's work (`compiled.cost_analysis()`: flops, bytes accessed).
 Optimizer state: `optim.optimizer_state_bytes` of the real train state for JAX (phase 1 holds none
-for the frozen backbone), the tensors in `optimizer.state` for torch.
+for the frozen backbone), the tensors in `optimizer.state` for torch. The JAX steps of
+`cases.ADAPTATION_CASES` (LoRA, BitFit, adapters) run here too, each on its own model: adaptation.py
+measures them this way.
 """
 
 import argparse
@@ -55,7 +58,7 @@ def parameter_bytes(framework: str, model) -> dict[str, int]:
     return {"backbone": backbone, "head": total - backbone}
 
 
-def _jax_case(model, case: str, batch: dict) -> tuple[cases.Case, Callable[[], dict]]:
+def _jax_case(model, case: str, batch: dict) -> tuple[cases.Case, Callable[[], tuple[dict, dict]]]:
     """The case's step compiled ahead of time, so that the compiler's own peak is measured apart
     from the step's; the parameters are donated to the train state, not copied."""
     import jax
@@ -71,13 +74,20 @@ def _jax_case(model, case: str, batch: dict) -> tuple[cases.Case, Callable[[], d
         fn, args = phase_step.jitted_step, (state, device_batch, phase_step.dropout_key)
     compiled = {}
 
-    def compile_step() -> dict:
+    def compile_step() -> tuple[dict, dict]:
+        """XLA's accounting of the compiled step: its buffers (bytes), and its estimated work (flops,
+        bytes read and written)."""
         compiled["fn"] = fn.lower(*args).compile()
         analysis = compiled["fn"].memory_analysis()
-        return {
-            key: getattr(analysis, f"{key}_in_bytes")
-            for key in ("temp_size", "argument_size", "output_size", "alias_size")
-        }
+        cost = compiled["fn"].cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        return (
+            {
+                key: getattr(analysis, f"{key}_in_bytes")
+                for key in ("temp_size", "argument_size", "output_size", "alias_size")
+            },
+            {key: cost.get(key) for key in ("flops", "bytes accessed")},
+        )
 
     holder = {"args": args}
 
@@ -95,7 +105,7 @@ def _jax_case(model, case: str, batch: dict) -> tuple[cases.Case, Callable[[], d
 
 def run_single(framework: str, model_name: str, case: str, args: argparse.Namespace) -> dict:
     after_imports = current_rss_mib()
-    config = cases.experiment_config(model_name, args.seq_len)
+    config = cases.case_config(model_name, args.seq_len, case)
     batch = cases.synthetic_batch(args.batch_size, args.seq_len, 30522, seed=config.seed)
     if framework == "jax":
         model = cases.build_jax(config)
@@ -104,11 +114,11 @@ def run_single(framework: str, model_name: str, case: str, args: argparse.Namesp
     else:
         model = cases.build_torch(config)
         params = parameter_bytes(framework, model)
-        built, compile_step = cases.torch_case(model, case, batch), dict
+        built, compile_step = cases.torch_case(model, case, batch), lambda: ({}, {})
     after_build = peak_rss_mib()
     # XLA's own accounting of the compiled step: temp = its working buffers (activations, gradients).
     with model_variants.patched(args.jax_variant):
-        xla_memory = compile_step()
+        xla_memory, xla_cost = compile_step()
     after_compile = peak_rss_mib()
     for _ in range(args.steps):
         built.step()
@@ -128,6 +138,7 @@ def run_single(framework: str, model_name: str, case: str, args: argparse.Namesp
         "optimizer_state_bytes": built.optimizer_state_bytes(),
         "parameter_bytes": params,
         "xla_memory_analysis_bytes": xla_memory,
+        "xla_cost_analysis": xla_cost,
     }
 
 
@@ -156,7 +167,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="minilm,bert_base", help=f"comma list of {cases.MODELS}")
     parser.add_argument("--frameworks", default="jax,torch")
-    parser.add_argument("--cases", default=",".join(TRAIN_CASES), help=f"comma list of {cases.CASES}")
+    parser.add_argument(
+        "--cases",
+        default=",".join(TRAIN_CASES),
+        help=f"comma list of {cases.CASES}, or (jax only) of {tuple(cases.ADAPTATION_CASES)}",
+    )
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--seq-len", type=int)
     parser.add_argument("--steps", type=int, help="training steps per subprocess (3; --quick: 1)")

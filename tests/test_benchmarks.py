@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 
 from benchmarks import (
+    adaptation,
     cases,
     compile_count,
     feature_cache,
@@ -74,6 +75,42 @@ def test_memory(tmp_path):
         assert row["peak_rss_after_steps_mib"] >= row["peak_rss_after_build_mib"] > 0
         assert row["parameter_bytes"]["backbone"] > row["parameter_bytes"]["head"] > 0
         assert 0 < row["optimizer_state_bytes"] < row["parameter_bytes"]["backbone"]
+
+
+@pytest.mark.slow
+def test_adaptation(tmp_path):
+    out = tmp_path / "adaptation.json"
+    adaptation.main(["--quick", "--model=tiny", "--cases=finetune,lora,bitfit,adapters", f"--out={out}"])
+    records = _read(out)["results"]
+    assert list(records) == ["finetune", "lora", "bitfit", "adapters"]
+    full = records["finetune"]
+    assert full["parameters"]["trained"] == full["parameters"]["total"]
+    # LoRA and adapters add parameters to the encoder; BitFit trains some of the ones it has.
+    assert records["lora"]["parameters"]["total"] > full["parameters"]["total"]
+    assert records["adapters"]["parameters"]["total"] > full["parameters"]["total"]
+    assert records["bitfit"]["parameters"]["total"] == full["parameters"]["total"]
+    for case, record in records.items():
+        trained = record["parameters"]["trained"]
+        if case != "finetune":
+            assert 0 < trained < full["parameters"]["trained"] / 10
+            assert record["over_finetune"]["optimizer_state"] < 0.1
+        # Two float32 Adam moments per trained parameter (and a few step counters), none for frozen
+        # ones; the phase-end checkpoint holds the trained parameters only.
+        assert 8 * trained <= record["optimizer_state_bytes"] <= 8 * trained + 1024
+        assert record["checkpoint_bytes"] == 4 * trained
+        assert record["step"]["median_s"] > 0
+        peaks = record["memory"]
+        assert peaks["case"] == case
+        assert peaks["peak_rss_after_steps_mib"] >= peaks["peak_rss_after_build_mib"] > 0
+        assert peaks["optimizer_state_bytes"] == record["optimizer_state_bytes"]
+        # Without gradients and updates for the frozen weights, the compiled step does less work and
+        # needs smaller working buffers (XLA's accounting, which no machine load changes).
+        if case != "finetune":
+            assert peaks["xla_cost_analysis"]["flops"] < full["memory"]["xla_cost_analysis"]["flops"]
+            assert (
+                peaks["xla_memory_analysis_bytes"]["temp_size"]
+                < full["memory"]["xla_memory_analysis_bytes"]["temp_size"]
+            )
 
 
 @pytest.mark.slow
