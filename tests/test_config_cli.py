@@ -265,8 +265,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
         (
             # A value the parser accepts but spec.resolve refuses: the same one line.
             ["--config=configs/tiny.py", "--config.strategy=stack_nly"],
-            "config.strategy='stack_nly': choose one of ('finetune_only', 'finetune_only_uniform', "
-            "'stack_only', 'stack_and_finetune', 'gradual_unfreezing', 'lp_ft'), or write config.phases",
+            f"config.strategy='stack_nly': choose one of {phases.STRATEGIES}, or write config.phases",
         ),
         (
             # Task x head: a pair head on a single-sentence task, tagging heads only on tagging tasks.
