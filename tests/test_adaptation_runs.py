@@ -145,17 +145,7 @@ def test_a_lora_phases_checkpoint_and_adam_state_are_a_small_share_of_full_fine_
         )
         params = nnx.to_pure_dict(nnx.state(model))
         phase = run_spec.plan(100)[-1]
-        labels = optim.label_params(params, phase.rules)
-        tx = optim.build_optimizer(
-            params,
-            rules=phase.rules,
-            learning_rates=phase.learning_rates,
-            num_steps=phase.num_steps,
-            warmup_steps=phase.warmup_steps,
-            schedule=phase.schedule,
-            weight_decay=phase.weight_decay,
-            max_grad_norm=1.0,
-        )[0]
+        tx, labels = optim.phase_optimizer(params, phase, max_grad_norm=1.0)
         saved = checkpointing.trained_part(params, optim.trainable_mask(labels))
         sizes[strategy] = (
             sum(v.nbytes for v in jax.tree.leaves(saved)),

@@ -67,16 +67,7 @@ def _phase(strategy, index=0, **overrides):
 
 
 def _optimizer(phase):
-    return optim.build_optimizer(
-        _params(),
-        rules=phase.rules,
-        learning_rates=phase.learning_rates,
-        num_steps=phase.num_steps,
-        warmup_steps=phase.warmup_steps,
-        schedule=phase.schedule,
-        weight_decay=phase.weight_decay,
-        max_grad_norm=1.0,
-    )
+    return optim.phase_optimizer(_params(), phase, max_grad_norm=1.0)
 
 
 def test_frozen_backbone_holds_no_optimizer_state():

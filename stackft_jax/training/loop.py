@@ -118,16 +118,7 @@ def build_phase_step(
 ) -> PhaseStep:
     """The phase's optimizer state initialiser and jitted train step (also what benchmarks time)."""
     replicated = sharding.replicated(mesh)
-    tx, labels = optim.build_optimizer(
-        params,
-        rules=phase.rules,
-        learning_rates=phase.learning_rates,
-        num_steps=phase.num_steps,
-        warmup_steps=phase.warmup_steps,
-        schedule=phase.schedule,
-        weight_decay=phase.weight_decay,
-        max_grad_norm=max_grad_norm,
-    )
+    tx, labels = optim.phase_optimizer(params, phase, max_grad_norm=max_grad_norm)
     trainable = optim.trainable_mask(labels)
 
     @functools.partial(jax.jit, out_shardings=replicated)

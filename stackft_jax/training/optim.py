@@ -53,6 +53,22 @@ def trainable_mask(labels: Params) -> Params:
     return jax.tree.map(lambda group: group != FROZEN, labels)
 
 
+def phase_optimizer(
+    params: Params, phase: phases.Phase, *, max_grad_norm: float
+) -> tuple[optax.GradientTransformation, Params]:
+    """`build_optimizer` for one phase of a run's plan (its rules, rates, budget, schedule and decay)."""
+    return build_optimizer(
+        params,
+        rules=phase.rules,
+        learning_rates=phase.learning_rates,
+        num_steps=phase.num_steps,
+        warmup_steps=phase.warmup_steps,
+        schedule=phase.schedule,
+        weight_decay=phase.weight_decay,
+        max_grad_norm=max_grad_norm,
+    )
+
+
 def learning_rate_schedule(peak: float, *, num_steps: int, warmup_steps: int, shape: str) -> optax.Schedule:
     """`constant`, `warmup_linear` (BERT: linear warm-up, then linear decay to 0) or `slanted_triangular`
     (Howard & Ruder 2018: the same shape, but decaying to peak/32 instead of 0)."""
