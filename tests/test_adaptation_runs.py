@@ -60,7 +60,9 @@ def test_each_adapted_preset_trains_only_its_parameters_and_keeps_the_checkpoint
         ["head", kind] if strategy.startswith("lp_") else [kind]
     )
     run_spec = spec.resolve(config)
-    pretrained, _ = bert.convert_hf_weights(bert.load_hf_weights(roberta_dir), _encoder(roberta_dir))
+    pretrained, _ = bert.convert_hf_weights(
+        bert.load_hf_weights(roberta_dir), bert.BertConfig.from_pretrained(roberta_dir)
+    )
     pretrained = _flat(pretrained)
     final = _flat(run_params.phase_params(tmp_path)["backbone"])
     initial = _flat(run_params._initial_params(run_spec)["backbone"])
@@ -81,10 +83,6 @@ def test_each_adapted_preset_trains_only_its_parameters_and_keeps_the_checkpoint
     assert record["parameters"]["trained"] == backbone_trained + head
     part, _, _ = checkpointing.read_phase_end(tmp_path, record["phase"])
     assert sum(v.size for v in jax.tree.leaves(part)) == backbone_trained + head
-
-
-def _encoder(folder: Path) -> bert.BertConfig:
-    return bert.BertConfig.from_pretrained(folder)
 
 
 def _patterns(run_spec, kind: str) -> list[str]:

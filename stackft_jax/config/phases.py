@@ -577,20 +577,6 @@ PRESETS: dict[str, Callable[[ml_collections.ConfigDict, EncoderShape], list[Phas
     "adapters": _adapted("adapters"),
 }
 STRATEGIES = tuple(PRESETS)
-# The alias blocks each preset reads (only these bind a workdir).
-PRESET_ALIASES: dict[str, tuple[str, ...]] = {
-    "finetune_only": ("phase2",),
-    "finetune_only_uniform": ("phase2",),
-    "stack_only": ("phase1",),
-    "stack_and_finetune": ("phase1", "phase2"),
-    "gradual_unfreezing": ("phase1", "phase2", "unfreezing"),
-    "lp_ft": ("phase1", "phase2"),
-    "lora": ("phase2",),
-    "lp_lora": ("phase1", "phase2"),
-    "bitfit": ("phase2",),
-    "lp_bitfit": ("phase1", "phase2"),
-    "adapters": ("phase2",),
-}
 # The adaptation kind each preset's phases use (the encoder builds its parameters from the start).
 PRESET_KINDS = {
     "lora": "lora",

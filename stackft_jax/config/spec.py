@@ -411,7 +411,7 @@ def binding_form(spec: RunSpec) -> dict[str, Any]:
 def _preset_binding(spec: RunSpec) -> dict[str, Any]:
     """A preset's phases under the alias block each came from (`phase1`, `phase2`; `unfreezing` a list),
     as the run reads them: an alias key the preset puts in no phase does not bind (stack-only's gap subset,
-    the uniform-rate baseline's new-head rate), nor does a phase key its phase ignores (phases.to_phase)."""
+    the uniform-rate baseline's new-head rate), nor does a phase key its phase ignores (`_read_keys`)."""
     by_alias: dict[str, list[dict[str, Any]]] = {}
     for phase in spec.phases:
         by_alias.setdefault(phase.source.removeprefix("config."), []).append(_read_keys(phase, spec.task))
