@@ -207,11 +207,8 @@ def check_files_exist(spec: RunSpec) -> None:
         path = spec.data.file(split)
         if path and not Path(path).exists():
             raise FileNotFoundError(f"config.data.{split}_file: no such file: {path}")
-    model_dir = Path(spec.model.name_or_path).expanduser()
-    if (model_dir / "config.json").is_file():  # a hub id's is read once it is downloaded
-        from stackft_jax.models import bert  # flax; only for a local model folder
-
-        bert.BertConfig.from_pretrained(model_dir)  # an unsupported model_type, named with its file
+    # The model's config.json (an unsupported model_type, named with its file) was read for the
+    # encoder's shape (encoder_shape), before any of this.
 
 
 def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
