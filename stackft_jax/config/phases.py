@@ -133,11 +133,8 @@ class Phase:
 
     def __post_init__(self):
         where = self.source or f"phase {self.name}"
-        if self.adaptation and self.adaptation not in adaptation_kinds.KINDS:
-            raise ConfigError(
-                f"{where}.adaptation={self.adaptation!r}: choose '' or one of "
-                f"{sorted(adaptation_kinds.KINDS)}"
-            )
+        if self.adaptation:
+            adaptation_kind(self.adaptation, where)
         object.__setattr__(self, "rules", tuple((str(p), str(g)) for p, g in self.rules))
         object.__setattr__(
             self, "learning_rates", {g: float(lr) for g, lr in dict(self.learning_rates).items()}
@@ -218,13 +215,18 @@ class Phase:
         return cls(**values, source=source)
 
 
-def adaptation_rules(kind: str, options: Mapping[str, Any], source: str) -> tuple[tuple[str, str], ...]:
-    """The rules that train an adaptation kind's parameters in the group `adaptation`."""
+def adaptation_kind(kind: str, source: str) -> adaptation_kinds.AdaptationKind:
+    """The registered kind `kind`, or a ConfigError naming `source`'s key."""
     if kind not in adaptation_kinds.KINDS:
         raise ConfigError(
             f"{source}.adaptation={kind!r}: choose '' or one of {sorted(adaptation_kinds.KINDS)}"
         )
-    patterns = adaptation_kinds.KINDS[kind].trained_patterns(options.get(kind) or {})
+    return adaptation_kinds.KINDS[kind]
+
+
+def adaptation_rules(kind: str, options: Mapping[str, Any], source: str) -> tuple[tuple[str, str], ...]:
+    """The rules that train an adaptation kind's parameters in the group `adaptation`."""
+    patterns = adaptation_kind(kind, source).trained_patterns(options.get(kind) or {})
     return tuple((pattern, ADAPTATION) for pattern in patterns)
 
 
@@ -593,11 +595,8 @@ def adaptation_kinds_of(config: ml_collections.ConfigDict) -> tuple[str, ...]:
         kinds = {}
         for i, b in enumerate(config.phases):
             kind = b.get("adaptation")
-            if kind and kind not in adaptation_kinds.KINDS:
-                raise ConfigError(
-                    f"config.phases[{i}] ({b.get('name')}).adaptation={kind!r}: choose '' or one of "
-                    f"{sorted(adaptation_kinds.KINDS)}"
-                )
+            if kind:
+                adaptation_kind(kind, f"config.phases[{i}] ({b.get('name')})")
             kinds[kind] = None
         return tuple(kind for kind in kinds if kind)
     kind = PRESET_KINDS.get(config.strategy)
