@@ -6,9 +6,10 @@ import shutil
 
 import pytest
 
+from stackft_jax.config import spec
 from stackft_jax.experiments import grid
 from stackft_jax.models import bert, flops
-from stackft_jax.training import compute
+from stackft_jax.training import build, compute
 from stackft_jax.training.compute import run_compute
 from tests.conftest import REPO
 
@@ -141,3 +142,30 @@ def test_a_run_that_reads_another_runs_cache_pays_nothing_for_it(tmp_path):
     again = run_compute(tmp_path / "runs" / "strategy=stack_and_finetune-seed1")["phases"][0]
     assert (again["feature_cache"], again["examples_forward"]) == ("read", 0)
     assert compute.BUILD_SECONDS > 1  # committed runs that read a cache spent at most 1 s on it
+
+
+def _planned_phase(strategy: str, examples: int = 64, batch: int = 8) -> tuple[dict, object, int]:
+    from configs import tiny
+
+    run_spec = spec.resolve(tiny.get_config(f"strategy={strategy}"))
+    _, encoder = build.resolve_encoder(run_spec)
+    got = compute.planned(run_spec, train_examples=examples, global_batch_size=batch)
+    return got["phases"][-1], encoder, run_spec.max_seq_length
+
+
+@pytest.mark.parametrize("kind", ["lora", "bitfit", "adapters"])
+def test_an_adaptation_phase_costs_the_forward_and_the_activation_backward(kind):
+    """Its frozen kernels need no weight gradients: 2x the backbone's forward, plus 3x the forward of the
+    kind's own matrices (LoRA: rank 8 on query and value; adapters: two of bottleneck 64 per layer)."""
+    full, encoder, seq_len = _planned_phase("finetune_only")
+    phase, _, _ = _planned_phase(kind)
+    examples = phase["optimizer_steps"] * 8
+    assert phase["examples_forward"] == phase["examples_backward"] == examples and phase["trains_backbone"]
+    hidden = encoder.hidden_size
+    lora, adapters = 2 * (2 * 8 * (hidden + hidden)), 2 * (2 * 2 * hidden * 64)
+    per_token_layer = {"lora": lora, "bitfit": 0, "adapters": adapters}
+    added = per_token_layer[kind] * encoder.num_hidden_layers * seq_len * examples
+    forward = flops.encoder_flops(encoder, examples=examples, seq_len=seq_len)
+    head = full["flops"] / 3 - forward  # finetune_only: 3 x (encoder + head), the same steps and batch
+    assert full["optimizer_steps"] == phase["optimizer_steps"]
+    assert phase["flops"] == pytest.approx(2 * forward + 3 * (added + head))

@@ -25,8 +25,9 @@ runs of the paper grids' timings.json, about 1.6 for QQP (351 s per run) and 6.5
 load 4-8, plus each run's test pass.
 
 The report compares each adapted strategy with finetune_only and with stack_and_finetune, and lp_lora
-with lora; its compute table gives each cell's FLOPs (an adapted phase counts as fine-tuning: an upper
-bound, training/compute.py) and each run's results.json its trained-parameter count per phase. The
+with lora; its compute table gives each cell's FLOPs (an adapted phase: the backbone's forward and the
+backward's activation half, plus the kind's own matrices; training/compute.py) and each run's
+results.json its trained-parameter count per phase. The
 encoder is all-MiniLM-L6-v2, whose contrastive training data include 103,663 Quora duplicate-question
 triplets: QQP numbers from it are not those of a BERT that never saw Quora (docs/qqp_grid_reading.md).
 """

@@ -9,6 +9,9 @@ fine-tuning budget several times the grid's and dense dev evaluations.
   python -m stackft_jax.experiment --config=configs/experiments/pilot.py:yahoo \
     --workdir=docs/grids/pilot_yahoo
 
+  python -m stackft_jax.experiment --config=configs/experiments/pilot.py:peft_rate \
+    --workdir=docs/grids/pilot_peft_rate
+
 Each report's figures/dev_curves.png is the curve (global step x the batch of 16 or 32 = examples seen;
 stack-and-finetune's head-only steps come first, dashed line at the boundary). A grid's preset is
 sized where the finetune-only curve flattens or at the CPU budget its docstring states, whichever
@@ -50,6 +53,19 @@ def yahoo(c: ml_collections.ConfigDict) -> None:
     c.ensembles = ""
 
 
+def peft_rate(c: ml_collections.ConfigDict) -> None:
+    """The rate of LoRA's and BitFit's parameters for configs/experiments/peft.py: QQP cls_mlp, seed 0,
+    at that grid's 300 steps, `phase2.adaptation_learning_rate` 5e-4 (the preset's default, the LoRA
+    paper's RoBERTa-base rate), 1e-3 and 2e-3; dev every 50 steps, no test split (a rate is chosen on
+    dev). The QQP demo's LoRA run at 5e-4 ended at the majority class, so the grid's rate is the one
+    whose cells learn; the report's dev curves show it."""
+    paper_qqp.small(c)
+    c.base += ",head=cls_mlp,eval_every_steps=50"
+    c.axes = "strategy=lora|bitfit; phase2.adaptation_learning_rate=0.0005|0.001|0.002"
+    c.baseline = "phase2.adaptation_learning_rate=0.0005"
+    c.ensembles = ""
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.base = ""  # set by the task's preset (qqp, conll or yahoo): that paper grid's CPU-sized runs
@@ -58,7 +74,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.num_seeds = 1  # one seed: a curve's shape, not a comparison
     c.baseline = "strategy=finetune_only"  # the cell the other strategy is compared with
     c.metric = "accuracy"  # the preset's dev metric (conll: entity F1)
-    config_cli.apply_items(c, arg, {"qqp": qqp, "conll": conll, "yahoo": yahoo})
+    config_cli.apply_items(c, arg, {"qqp": qqp, "conll": conll, "yahoo": yahoo, "peft_rate": peft_rate})
     if not c.base:
         raise ConfigError("configs/experiments/pilot.py: name a task preset, e.g. pilot.py:qqp")
     return c

@@ -4,7 +4,8 @@ config (as in the PaLM paper's MFU count), whatever the compiler or the hardware
 Per token and layer, 2 * (4 H^2 + 2 H I) for the Q/K/V/output and feed-forward projections, plus
 2 * 2 * S * H for the attention scores and the weighted sum. A pass that also runs the backward through
 a part of the model costs 3x that part's forward (forward, plus two matmuls per weight in the backward);
-a frozen part and evaluation cost 1x. Left out: embedding lookups, layer norms, softmax and other
+a frozen part and evaluation cost 1x; a frozen part the gradient passes through (an adaptation kind's
+phase) 2x, as its weights need no gradient. Left out: embedding lookups, layer norms, softmax and other
 elementwise work (under 1 % on BERT shapes), and the heads other than `HEAD_FLOPS`'s (BiLSTMs, CRFs,
 BiMPM, DenseNet, Sim-Transformer), whose cost `head_flops` reports as unknown (None).
 
@@ -16,6 +17,9 @@ from typing import Any
 
 # What a training step costs relative to a forward of the same part: forward + backward.
 BACKWARD_FACTOR = 3.0
+# ... when the part's weights are frozen but the gradient passes through it to trained parameters below
+# or inside it (LoRA, BitFit, adapters): forward + the backward's activation half, no weight gradients.
+PASS_THROUGH_FACTOR = 2.0
 
 
 def forward_flops(*, num_layers: int, hidden: int, intermediate: int, batch: int, seq_len: int) -> float:

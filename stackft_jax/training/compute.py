@@ -19,10 +19,13 @@ others read it for nothing. New runs record which caches they built (results.jso
 `feature_cache` seconds (builds took 17-390 s in the committed grids, opening an existing cache under
 1 s). `planned` charges every cached phase its build (the cost of the run alone). Every example counts
 as `max_seq_length` tokens (batches pad to length buckets up to it, so this is an upper bound); the head
-counts where models/flops.py counts it (`head_counted`). A phase of an adaptation kind (LoRA, BitFit,
-adapters) trains backbone parameters, so it counts as a fine-tuning phase (3x the forward): an upper
-bound, since its frozen kernels need no weight gradients; the LoRA and adapter matrices' own FLOPs are
-not counted (rank 8 on query and value: 0.7% of the dense layers' FLOPs per token on MiniLM).
+counts where models/flops.py counts it (`head_counted`). A phase that trains the backbone only through an
+adaptation kind (LoRA, BitFit, adapters) runs the backbone forward and the backward's activation half
+(2x the forward: its frozen kernels need no weight gradients), plus 3x the forward FLOPs the kind's own
+matrices add (`AdaptationKind.added_flops`; rank-8 LoRA on query and value adds 0.7% per token on
+MiniLM): 0.67-0.68x a fine-tuning step on MiniLM, where XLA's cost analysis gives 0.68-0.72x
+(benchmarks/adaptation.py). A phase that trains some layers' own weights (gradual unfreezing, or a
+kind plus backbone rules) counts as fine-tuning: an upper bound.
 """
 
 import dataclasses
@@ -33,7 +36,7 @@ from typing import Any
 
 from stackft_jax.config import phases, spec
 from stackft_jax.config.spec import RunSpec
-from stackft_jax.models import flops
+from stackft_jax.models import adaptation, flops
 from stackft_jax.training import build
 
 RESULTS_KEY = "compute"  # results.json's record of it
@@ -59,9 +62,24 @@ class _Model:
         )
         return 0.0 if per_example is None else per_example * examples
 
+    def adaptation_flops(self, kind: str, options: Mapping[str, Mapping[str, Any]], examples: int) -> float:
+        """The forward FLOPs an adaptation kind's own matrices add over `examples` examples."""
+        per_token_layer = adaptation.KINDS[kind].added_flops(
+            options.get(kind) or {}, self.encoder.hidden_size, self.encoder.intermediate_size
+        )
+        return per_token_layer * self.encoder.num_hidden_layers * self.seq_len * examples
+
     @property
     def head_counted(self) -> bool:
         return flops.head_flops(self.head, hidden=1, outputs=1, seq_len=1) is not None
+
+
+def _adapted_only(phase: phases.Phase, run_spec: RunSpec) -> bool:
+    """Whether every backbone parameter `phase` trains is its adaptation kind's."""
+    trained = run_spec.encoder.trained_by(phase)
+    return bool(phase.adaptation) and all(
+        phases.group_of(phase.rules, name) == phases.ADAPTATION for name in trained
+    )
 
 
 def _model(run_spec: RunSpec) -> tuple[_Model, Any]:
@@ -84,7 +102,13 @@ def _phase(
 ) -> dict[str, Any]:
     examples = steps * batch
     trains_backbone = run_spec.encoder.trains(phase)
-    if trains_backbone:
+    if trains_backbone and _adapted_only(phase, run_spec):
+        forward, backward = examples, examples
+        added = model.adaptation_flops(phase.adaptation, run_spec.adaptation_options, examples)
+        total = flops.PASS_THROUGH_FACTOR * model.encoder_flops(examples) + flops.BACKWARD_FACTOR * (
+            added + model.head_flops(examples)
+        )
+    elif trains_backbone:
         forward, backward = examples, examples
         total = flops.BACKWARD_FACTOR * (model.encoder_flops(examples) + model.head_flops(examples))
     else:

@@ -57,10 +57,16 @@ def _settings(options: Mapping[str, Any]) -> AdapterSettings:
     return AdapterSettings(bottleneck=o["bottleneck"], activation=o["activation"])
 
 
+def _added_flops(options: Mapping[str, Any], hidden: int, intermediate: int) -> float:
+    """Two adapters per layer, each down (hidden x bottleneck) then up (bottleneck x hidden)."""
+    return float(2 * 2 * (2 * hidden * _settings(options).bottleneck))
+
+
 KIND = AdaptationKind(
     name="adapters",
     options=OPTIONS,
     trained_patterns=lambda options: (r"backbone/layers/\d+/(attention|output)_adapter/.*",),
     encoder_settings=lambda options: EncoderAdaptation(adapters=_settings(options)),
     foldable=False,
+    added_flops=_added_flops,
 )

@@ -26,4 +26,5 @@ KIND = AdaptationKind(
     trained_patterns=_trained_patterns,
     encoder_settings=lambda options: None,
     foldable=True,
+    added_flops=lambda options, hidden, intermediate: 0.0,  # no parameters added: a mask
 )

@@ -68,6 +68,12 @@ class LoraSettings:
         return tuple(name for name in PROJECTIONS if re.fullmatch(self.targets, name))
 
 
+def projection_shape(name: str, hidden: int, intermediate: int) -> tuple[int, int]:
+    """(in, out) of the projection `name` (a `PROJECTIONS` key) in a layer of that width."""
+    shapes = {"intermediate": (hidden, intermediate), "output": (intermediate, hidden)}
+    return shapes.get(name, (hidden, hidden))
+
+
 @dataclasses.dataclass(frozen=True)
 class AdapterSettings:
     """Houlsby bottleneck adapters x + up(act(down(x))) after each layer's attention and feed-forward."""
@@ -109,6 +115,8 @@ class AdaptationKind:
     encoder_settings: (options) -> the parameters the encoder adds for the kind (None: none).
     foldable:         whether a trained model of the kind can be written as plain encoder weights
                       (transformers' own model classes) without changing its outputs.
+    added_flops:      (options, hidden, intermediate) -> the matmul FLOPs per token and layer that the
+                      kind's extra parameters add to a forward (training/compute.py).
     """
 
     name: str
@@ -116,6 +124,7 @@ class AdaptationKind:
     trained_patterns: Callable[[Mapping[str, Any]], tuple[str, ...]]
     encoder_settings: Callable[[Mapping[str, Any]], EncoderAdaptation | None]
     foldable: bool
+    added_flops: Callable[[Mapping[str, Any], int, int], float]
 
     def resolve(self, options: Mapping[str, Any] | None) -> dict[str, Any]:
         """The defaults with `options` over them; an option the kind does not have is an error."""

@@ -19,7 +19,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from stackft_jax.models.adaptation.kind import PROJECTIONS, AdaptationKind, EncoderAdaptation, LoraSettings
+from stackft_jax.models.adaptation.kind import (
+    PROJECTIONS,
+    AdaptationKind,
+    EncoderAdaptation,
+    LoraSettings,
+    projection_shape,
+)
 from stackft_jax.models.dense import Dense, matmul
 from stackft_jax.models.dropout import Dropout
 
@@ -140,10 +146,18 @@ def _settings(options: Mapping[str, Any]) -> LoraSettings:
     )
 
 
+def _added_flops(options: Mapping[str, Any], hidden: int, intermediate: int) -> float:
+    """x A then (x A) B on each targeted projection: 2 r (in + out) per token."""
+    settings = _settings(options)
+    shapes = [projection_shape(name, hidden, intermediate) for name in settings.projections]
+    return float(sum(2 * settings.rank * (n_in + n_out) for n_in, n_out in shapes))
+
+
 KIND = AdaptationKind(
     name="lora",
     options=OPTIONS,
     trained_patterns=_trained_patterns,
     encoder_settings=lambda options: EncoderAdaptation(lora=_settings(options)),
     foldable=True,
+    added_flops=_added_flops,
 )
