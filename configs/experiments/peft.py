@@ -9,10 +9,14 @@ the held-out test split.
   bitfit               the encoder's biases and the new head (Ben Zaken et al. 2022)
 
 Each task keeps its paper grid's test preset (paper_qqp.py:test, paper_conll.py:test): the same data,
-budgets (phase 2 and every single-phase strategy 300 steps; phase 1 on cached features), rates
-(LoRA's and BitFit's parameters at phase2.adaptation_learning_rate, 5e-4) and dev/test protocol, so
-their finetune_only and stack_and_finetune runs are the same resolved configs as the paper grids'
-and are copied from those grids' committed runs instead of trained again (--reuse_runs_from):
+budgets (phase 2 and every single-phase strategy 300 steps; phase 1 on cached features), rates and
+dev/test protocol, so their finetune_only and stack_and_finetune runs are the same resolved configs as
+the paper grids' and are copied from those grids' committed runs instead of trained again
+(--reuse_runs_from). LoRA's and BitFit's parameters train at `phase2.adaptation_learning_rate` 2e-3
+(the head at 1e-3), chosen on QQP dev by the pilot `pilot.py:peft_rate` (docs/grids/pilot_peft_rate,
+seed 0, 300 steps; dev accuracy at 5e-4 / 1e-3 / 2e-3 / 4e-3 / 8e-3: LoRA 0.749 / 0.766 / 0.775 /
+0.751 / 0.627, the last the majority class; BitFit 0.723 / 0.735 / 0.749 / 0.748 / 0.753, flat from 2e-3 within 0.5 points at one seed) and used
+on CoNLL untuned:
   taskset -c 0 python -m stackft_jax.experiment --config=configs/experiments/peft.py:qqp \
     --workdir=docs/grids/peft_qqp --reuse_runs_from=docs/grids/paper_qqp_test --shard=0/2 &
   taskset -c 1 python -m stackft_jax.experiment --config=configs/experiments/peft.py:qqp \
@@ -53,10 +57,14 @@ COMPARISONS = "; ".join(
 LORA_PAPER_QQP = "strategy=lora vs strategy=finetune_only: -1.1 (LoRA paper, RoBERTa-base, GLUE QQP dev)"
 
 
+# The adapted parameters' rate, from the QQP dev pilot (docstring); the other strategies do not read it.
+ADAPTATION_RATE = "phase2.adaptation_learning_rate=0.002"
+
+
 def qqp(c: ml_collections.ConfigDict) -> None:
     """QQP, cls_mlp: paper_qqp.py:test's runs (docs/grids/paper_qqp_test)."""
     grid = paper_qqp.get_config("test")
-    c.base = grid.base + ",head=cls_mlp"
+    c.base = f"{grid.base},head=cls_mlp,{ADAPTATION_RATE}"
     c.metric = grid.metric
     c.paper_results = LORA_PAPER_QQP
 
@@ -64,7 +72,7 @@ def qqp(c: ml_collections.ConfigDict) -> None:
 def conll(c: ml_collections.ConfigDict) -> None:
     """CoNLL-2003 NER, token_mlp: paper_conll.py:test's runs (docs/grids/paper_conll_test)."""
     grid = paper_conll.get_config("test")
-    c.base = grid.base + ",head=token_mlp"
+    c.base = f"{grid.base},head=token_mlp,{ADAPTATION_RATE}"
     c.metric = grid.metric
     c.paper_results = ""
 
