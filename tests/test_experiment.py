@@ -1160,3 +1160,32 @@ def test_the_peft_grid_shares_its_two_baseline_cells_with_the_paper_grid(preset,
     for strategy, kind in (("lora", "lora"), ("lp_lora", "lora"), ("bitfit", "bitfit")):
         run = by_name[f"strategy={strategy}-seed0"]
         assert run.phases[-1].adaptation == kind and run.data.test_file
+
+
+def test_the_report_shows_what_each_phase_trained_where_runs_recorded_it(tmp_path):
+    """results.json `phases[i].parameters` per cell (the same at every seed); a report whose runs
+    predate the record keeps its form: no key, no table."""
+    g = _grid(axes="strategy=finetune_only|lora", baseline="strategy=finetune_only", num_seeds=2)
+    g.bootstrap_samples = 100
+    counts = {
+        "finetune_only": [{"phase": "finetune", "steps": 3, "parameters": {"trained": 1000, "total": 1000}}],
+        "lora": [{"phase": "lora", "steps": 3, "parameters": {"trained": 25, "total": 1040}}],
+    }
+    for run in cells.runs_of(g):
+        strategy = run.cell[0][1]
+        _scored_run(tmp_path, run, {"dev": (_learned(run.seed, 2), LABELS_12)}, phases=counts[strategy])
+    grid_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["trained_parameters"] == [
+        {"cell": {"strategy": "finetune_only"}, "name": "strategy=finetune_only",
+         "phases": [{"phase": "finetune", "trained": 1000, "total": 1000}]},
+        {"cell": {"strategy": "lora"}, "name": "strategy=lora",
+         "phases": [{"phase": "lora", "trained": 25, "total": 1040}]},
+    ]  # fmt: skip
+    assert "| strategy=lora | lora 25 (2.40%) | 1,040 |" in (tmp_path / "report.md").read_text()
+
+    for run in cells.runs_of(g):  # the same runs without the record
+        _scored_run(tmp_path, run, {"dev": (_learned(run.seed, 2), LABELS_12)})
+    grid_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    assert "trained_parameters" not in json.loads((tmp_path / "report.json").read_text())
+    assert "trained per phase" not in (tmp_path / "report.md").read_text()

@@ -403,6 +403,20 @@ def _mean_compute(runs: list[RunResult], by_name: dict[str, RunResult]) -> dict[
     return {k: statistics.mean(c[k] for c in computes) for k in keys}
 
 
+def parameter_statistics(runs: list[RunResult]) -> list[dict[str, Any]]:
+    """Per cell, how many parameters each phase trained and how many the model has (results.json
+    `phases[i].parameters`; the same at every seed), from the cell's first run that recorded them: a cell
+    whose runs predate the record is left out."""
+    rows: dict[str, dict[str, Any]] = {}
+    for r in runs:
+        counted = [
+            {"phase": p["phase"], **p["parameters"]} for p in r.results.get("phases", []) if "parameters" in p
+        ]
+        if counted and r.run.cell_name not in rows:
+            rows[r.run.cell_name] = {"cell": dict(r.run.cell), "name": r.run.cell_name, "phases": counted}
+    return list(rows.values())
+
+
 def compute_statistics(runs: list[RunResult], ensembles: list[RunResult]) -> list[dict[str, Any]]:
     """Per cell, the mean over seeds of each total run_compute gives."""
     by_name = {r.run.name: r for r in runs}
@@ -535,6 +549,8 @@ def build_report(
     runs = load_runs(grid, workdir)
     ensembles = build_ensembles(grid, workdir)
     majority, floor = majority_floor(runs[0], grid.metric)
+    # Only where runs recorded them: reports of grids from before the record keep their form.
+    trained = parameter_statistics(runs)
     return {
         "grid": grid.to_dict(),
         "runs": [
@@ -570,6 +586,7 @@ def build_report(
         },
         "costs": cost_statistics(runs, ensembles),
         "compute": compute_statistics(runs, ensembles),
+        **({"trained_parameters": trained} if trained else {}),
         "paper_results": paper_results(grid),
         "boundaries": boundary_statistics(runs, grid.metric, floor),
         "objective": runs[0].task.objective.name,

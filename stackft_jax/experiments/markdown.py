@@ -249,6 +249,22 @@ def _cost_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _parameter_lines(report: dict[str, Any]) -> list[str]:
+    lines = [
+        "What each phase trained (results.json `phases[i].parameters`): parameters given a learning rate, "
+        "of the model's total (the encoder with any adaptation parameters, and the head).",
+        "",
+        "| cell | trained per phase | model total |",
+        "| --- | --- | --- |",
+    ]
+    for row in report["trained_parameters"]:
+        trained = "; ".join(
+            f"{p['phase']} {p['trained']:,} ({100 * p['trained'] / p['total']:.2f}%)" for p in row["phases"]
+        )
+        lines.append(f"| {row['name']} | {trained} | {row['phases'][-1]['total']:,} |")
+    return lines
+
+
 def _reuse_lines(report: dict[str, Any]) -> list[str]:
     reused = [r for r in report["runs"] if "reused_from" in r]
     if not reused:
@@ -305,6 +321,8 @@ def render(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
         lines += ["", *_paper_lines(grid, report)]
     if report["costs"]:
         lines += ["", *_cost_lines(report)]
+    if report.get("trained_parameters"):
+        lines += ["", *_parameter_lines(report)]
     lines += _reuse_lines(report)
     if report["boundaries"]:
         floor, gap = report["majority_in_metric"], f"train_dev_gap_{metric}"

@@ -94,11 +94,31 @@ def score(
     )
 
 
+# The vector extensions XLA:CPU may compile for (a subset of /proc/cpuinfo's flags).
+VECTOR_EXTENSIONS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile")
+
+
+def _host_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
+    """The host CPU's model name and vector extensions, where /proc/cpuinfo tells them (Linux)."""
+    fields: dict[str, str] = {}
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    return {
+        "cpu_model": fields.get("model name", ""),
+        "cpu_vector_extensions": [name for name in VECTOR_EXTENSIONS if name in flags],
+    }
+
+
 def environment() -> dict[str, Any]:
     """What a rerun must match to reproduce this run's numbers to the digit (results.json `environment`):
-    the versions, the platform, and on CPU the threads XLA may use, which change how its matrix products
-    split their sums (measured: one pinned core and two cores give different float32 bits, and after
-    hundreds of steps a different prediction on some dev example; pin a rerun with `taskset`)."""
+    the versions, the platform and, on CPU, the host CPU and the threads XLA may use. XLA:CPU compiles
+    for the host's vector extensions, and the threads change how its matrix products split their sums:
+    measured, one pinned core and two cores give different float32 bits (docs/guarantees.md), and
+    another CPU may too; after hundreds of steps such bits can change a prediction. Pin a rerun's
+    threads with `taskset`."""
     device = jax.devices()[0]
     return {
         "jax": jax.__version__,
@@ -106,6 +126,7 @@ def environment() -> dict[str, Any]:
         "platform": device.platform,
         "device_kind": device.device_kind,
         "cpu_threads": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        **_host_cpu(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
 
