@@ -26,6 +26,7 @@ COMMITTED = {
     "docs/grids/pilot_qqp": "configs/experiments/pilot.py:qqp",
     "docs/grids/pilot_conll": "configs/experiments/pilot.py:conll",
     "docs/grids/pilot_yahoo": "configs/experiments/pilot.py:yahoo",
+    "docs/grids/pilot_peft_rate": "configs/experiments/pilot.py:peft_rate",
 }
 # What a grid folder holds besides the committed files (.gitignore): never read by a report.
 NOT_COMMITTED = ("checkpoints", "tensorboard", "locks", "feature_cache")
