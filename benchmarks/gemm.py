@@ -25,9 +25,9 @@ the examples/s ratio JAX cannot exceed with XLA's matmuls, whatever the rest of 
 
 XLA:CPU picks its matmul library by flag, process-wide, so `--xla-flag-sets` times the JAX products
 again in a subprocess per flag set (torch is timed once, in this process):
-  stackft_jax   the flags `stackft_jax.runtime.xla_flags` sets (Eigen matmuls): what `main.py` runs.
-  xla_default   XLA's own defaults (YNNPACK fusions), i.e. STACKFT_JAX_NO_XLA_DEFAULTS=1.
-  onednn        stackft_jax's flags + --xla_cpu_experimental_onednn_custom_call=true.
+  stackft_jax   XLA's own defaults (YNNPACK fusions): what every stackft_jax command runs.
+  eigen         --xla_cpu_experimental_ynn_fusion_type= (dots to XLA's Eigen runtime).
+  onednn        --xla_cpu_experimental_onednn_custom_call=true.
 """
 
 import argparse
@@ -53,7 +53,7 @@ from stackft_jax.training import build
 # name -> (environment changes of the subprocess, extra XLA flags)
 XLA_FLAG_SETS: dict[str, tuple[dict[str, str], str]] = {
     "stackft_jax": ({}, ""),
-    "xla_default": ({"STACKFT_JAX_NO_XLA_DEFAULTS": "1"}, ""),
+    "eigen": ({}, "--xla_cpu_experimental_ynn_fusion_type="),
     "onednn": ({}, "--xla_cpu_experimental_onednn_custom_call=true"),
 }
 

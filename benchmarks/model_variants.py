@@ -1,7 +1,7 @@
 """Experiment: what model-code choices cost in the JAX steps, measured against stackft_jax as it is.
 
   python -m benchmarks.model_variants                             # MiniLM, 32 x 128, old code of each change
-  STACKFT_JAX_NO_XLA_DEFAULTS=1 python -m benchmarks.model_variants   # without xla_flags.py's flags
+  XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type= python -m benchmarks.model_variants  # Eigen dots
   python -m benchmarks.model_variants --quick --models tiny       # the smoke test
 
 Nothing in stackft_jax/ is edited: each variant patches a method or module function at trace time

@@ -42,10 +42,9 @@ def main(argv: list[str]) -> None:
         raise UsageError(f"unexpected arguments: {argv[1:]}")
     if not FLAGS.workdir or not FLAGS.out:
         raise UsageError("--workdir and --out are required")
-    from stackft_jax.runtime import logs, xla_flags  # after the flags: a mistake answers at once
+    from stackft_jax.runtime import logs  # after the flags: a mistake answers at once
 
     logs.setup()
-    xla_flags.apply_cpu_defaults()
     source = opening.open_workdir(FLAGS.workdir, params=FLAGS.params, phase=FLAGS.phase)
     written = hf_export.export(source, Path(FLAGS.out), overwrite=FLAGS.overwrite)
     if written is not None:

@@ -75,9 +75,6 @@ def main(argv: list[str]) -> None:
         return
     if not FLAGS.workdir:
         raise app.UsageError("--workdir is required")
-    from stackft_jax.runtime import xla_flags
-
-    xla_flags.apply_cpu_defaults()  # before JAX starts a backend
     import jax
 
     from stackft_jax.runtime import (  # after the flags: a mistake answers before the heavy imports

@@ -92,7 +92,7 @@ def main(argv: list[str]) -> None:
         raise UsageError(f"unexpected arguments: {argv[1:]}")
     if not FLAGS.input or not FLAGS.output:
         raise UsageError("--input and --output are required (- for stdin / stdout)")
-    from stackft_jax.runtime import logs, xla_flags  # after the flags: a mistake answers at once
+    from stackft_jax.runtime import logs  # after the flags: a mistake answers at once
 
     if FLAGS.per_device_batch_size is not None and FLAGS.per_device_batch_size < 1:
         raise UsageError(
@@ -101,7 +101,6 @@ def main(argv: list[str]) -> None:
         )
 
     logs.setup()
-    xla_flags.apply_cpu_defaults()  # before JAX starts a backend
     # Every refusal comes before the model is built.
     _check_distinct_files()
     source = _open_source()

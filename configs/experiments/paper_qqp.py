@@ -84,7 +84,7 @@ def test(c: ml_collections.ConfigDict) -> None:
     both grids finished by 2026-11-27, the 8 cls_mlp and finetune-only Sim-Transformer runs ended with
     the same dev numbers to the digit, and 4 other Sim-Transformer runs did not (one example apart for
     the one-rate baseline, 1.4 and 1.9 points for stack-and-finetune): on CPU the runs reproduce on the
-    same software and thread count, not across them (docs/guarantees.md).
+    same software, XLA flags, CPU and thread count, not across them (docs/guarantees.md).
 
     Plus finetune-only at stack-and-finetune's FLOPs per head (MATCHED below: 665 steps for both heads
     on one device; the count follows the global batch, as the cached forward over the train split is fixed),

@@ -53,8 +53,8 @@ def test(c: ml_collections.ConfigDict) -> None:
     """`small` with the held-out test split scored once per run, and the paper's light-head baseline
     (finetune-only cls_mlp) beside both ensemble members, 5 seeds: docs/grids/paper_yahoo_test. Budgets
     stay those chosen on dev for `small`. The cells the two grids share reproduce to the digit on the
-    same software and thread count, not necessarily across them (docs/guarantees.md: 4 of 12 QQP runs
-    shared by two grids did not).
+    same software, XLA flags, CPU and thread count, not necessarily across them (docs/guarantees.md: 4
+    of 12 QQP runs shared by two grids did not).
 
     Plus finetune-only at stack-and-finetune's FLOPs per head (`strategy=finetune_only@matched_flops:
     stack_and_finetune`, experiments/budgets.py): on one device 225 steps (226 with cls_mlp, whose head

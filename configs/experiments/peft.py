@@ -15,8 +15,8 @@ the paper grids' and are copied from those grids' committed runs instead of trai
 (--reuse_runs_from). LoRA's and BitFit's parameters train at `phase2.adaptation_learning_rate` 2e-3
 (the head at 1e-3), chosen on QQP dev by the pilot `pilot.py:peft_rate` (docs/grids/pilot_peft_rate,
 seed 0, 300 steps; dev accuracy at 5e-4 / 1e-3 / 2e-3 / 4e-3 / 8e-3: LoRA 0.749 / 0.766 / 0.775 /
-0.751 / 0.627, the last the majority class; BitFit 0.723 / 0.735 / 0.749 / 0.748 / 0.753, flat from 2e-3 within 0.5 points at one seed) and used
-on CoNLL untuned:
+0.751 / 0.627, the last the majority class; BitFit 0.723 / 0.735 / 0.749 / 0.748 / 0.753, flat from
+2e-3 within 0.5 points at one seed), and used on CoNLL untuned:
   taskset -c 0 python -m stackft_jax.experiment --config=configs/experiments/peft.py:qqp \
     --workdir=docs/grids/peft_qqp --reuse_runs_from=docs/grids/paper_qqp_test --shard=0/2 &
   taskset -c 1 python -m stackft_jax.experiment --config=configs/experiments/peft.py:qqp \
