@@ -58,9 +58,9 @@ def peft_rate(c: ml_collections.ConfigDict) -> None:
     at that grid's 300 steps, `phase2.adaptation_learning_rate` 5e-4 (the preset's default, the LoRA
     paper's RoBERTa-base rate), 1e-3, 2e-3, 4e-3 and 8e-3 (the last two added when both kinds' dev
     accuracy still rose up to 2e-3: a workdir that ran the first three takes them with
-    --allow_config_change); dev every 50
-    steps, no test split (a rate is chosen on dev). The QQP demo's LoRA run at 5e-4 ended at the
-    majority class, so the grid's rate is the one whose cells learn; the report's dev curves show it."""
+    --allow_config_change); dev every 50 steps, no test split (a rate is chosen on dev). The QQP demo's
+    LoRA run at 5e-4 ended at the majority class, so the grid's rate is the one whose cells learn; the
+    report's dev curves show it."""
     paper_qqp.small(c)
     c.base += ",head=cls_mlp,eval_every_steps=50"
     c.axes = "strategy=lora|bitfit; phase2.adaptation_learning_rate=0.0005|0.001|0.002|0.004|0.008"
