@@ -30,5 +30,9 @@ class KillAfter(loop.LoopObserver):
 
 
 if __name__ == "__main__":
+    # A shell without job control starts background commands with SIGINT ignored, and Python then keeps
+    # it ignored: a suite launched with `&` would see this run ignore its own Ctrl-C and finish. A
+    # terminal's Ctrl-C reaches a foreground process, whose SIGINT handler is Python's own.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     train.run = functools.partial(train.run, observer=KillAfter(sys.argv.pop(1)))
     runpy.run_module("stackft_jax.main", run_name="__main__", alter_sys=True)
