@@ -1189,3 +1189,34 @@ def test_the_report_shows_what_each_phase_trained_where_runs_recorded_it(tmp_pat
     grid_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
     assert "trained_parameters" not in json.loads((tmp_path / "report.json").read_text())
     assert "trained per phase" not in (tmp_path / "report.md").read_text()
+
+
+def test_the_report_gives_each_matched_cell_its_planned_budget_beside_the_realized_one(tmp_path):
+    """A matched cell gets the compared cell's planned cost alone (budgets.py); the report prints that
+    plan, the steps it bought and what the compared cell's runs realized in the same unit."""
+    g = _grid(
+        axes="strategy=finetune_only|stack_and_finetune",
+        matched="strategy=finetune_only@matched_steps:stack_and_finetune",
+        num_seeds=1,
+        bootstrap_samples=100,
+    )
+    assert grid.run_grid(g, tmp_path)
+    grid_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    report = json.loads((tmp_path / "report.json").read_text())
+    stacked_run = tmp_path / "runs" / "strategy=stack_and_finetune-seed0"
+    stacked = json.loads((stacked_run / "results.json").read_text())
+    planned = stacked["config"]["phase1"]["num_steps"] + stacked["config"]["phase2"]["num_steps"]  # 6 + 6
+    [row] = report["matched_budgets"]
+    assert row == {
+        "cell": {"strategy": "finetune_only@matched_steps:stack_and_finetune"},
+        "name": "strategy=finetune_only@matched_steps:stack_and_finetune",
+        "rule": "steps",
+        "compared": "strategy=stack_and_finetune",
+        "planned_budget": float(planned),
+        "steps": planned,
+        "compared_realized": stacked["train_steps"],
+    }
+    assert (
+        f"| strategy=finetune_only@matched_steps:stack_and_finetune | steps | strategy=stack_and_finetune | "
+        f"{planned} | {planned} | {stacked['train_steps']} |"
+    ) in (tmp_path / "report.md").read_text()

@@ -24,6 +24,8 @@
   costs           per cell: train steps, training examples seen and wall seconds (results.json)
   compute         per cell, the mean over seeds of the totals training/compute.py's run_compute gives
                   (none for runs whose record lacks its config)
+  matched budgets per matched-budget cell (budgets.py): the compared cell's planned cost alone that it
+                  was given, its steps, and the compared cell's realized cost in the grid
   paper layout    the paper's reported gain per comparison (the grid's optional `paper_results`,
                   "<cell> vs <cell>: <gain in points> (note); ...") beside the measured gain and its
                   t-interval, dev and test
@@ -54,7 +56,7 @@ import scipy.stats
 
 from stackft_jax.config import phases
 from stackft_jax.data.task_spec import TaskSpec
-from stackft_jax.experiments import ensembling, figures, markdown
+from stackft_jax.experiments import budgets, ensembling, figures, markdown
 from stackft_jax.experiments import statistics as array_statistics
 from stackft_jax.experiments.cells import Run, comparisons_of, ensembles_of, paper_results, runs_of
 from stackft_jax.experiments.grid import REUSED_FROM, check_ensembles, run_spec
@@ -417,6 +419,40 @@ def parameter_statistics(runs: list[RunResult]) -> list[dict[str, Any]]:
     return list(rows.values())
 
 
+def matched_budget_statistics(runs: list[RunResult]) -> list[dict[str, Any]]:
+    """Per matched-budget cell (budgets.py), the budget it was given: the compared cell's planned cost
+    alone (whole step budgets, its own feature-cache build) in the rule's unit, and the steps that bought
+    it (means over seeds), beside the compared cell's realized cost in that unit (compute.py: a run that
+    read a shared cache another run built is charged nothing for it). From results.json's
+    `config.matched_budget`."""
+    by_cell: dict[tuple, list[RunResult]] = collections.defaultdict(list)
+    for r in runs:
+        by_cell[r.run.cell].append(r)
+    rows = []
+    for cell, members in by_cell.items():
+        matched = members[0].run.matched
+        if matched is None:
+            continue
+        recorded = [m.results["config"]["matched_budget"] for m in members]
+        compared_cell = tuple((k, matched.compared if k == matched.key else v) for k, v in cell)
+        unit = f"total.{budgets.RULES[matched.rule]}"
+        realized = [r.compute_totals for r in by_cell.get(compared_cell, [])]
+        rows.append(
+            {
+                "cell": dict(cell),
+                "name": members[0].run.cell_name,
+                "rule": matched.rule,
+                "compared": Run(compared_cell, 0).cell_name,
+                "planned_budget": statistics.mean(float(b["budget"]) for b in recorded),
+                "steps": statistics.mean(m.results["train_steps"] for m in members),
+                "compared_realized": (
+                    statistics.mean(c[unit] for c in realized) if realized and None not in realized else None
+                ),
+            }
+        )
+    return rows
+
+
 def compute_statistics(runs: list[RunResult], ensembles: list[RunResult]) -> list[dict[str, Any]]:
     """Per cell, the mean over seeds of each total run_compute gives."""
     by_name = {r.run.name: r for r in runs}
@@ -551,6 +587,7 @@ def build_report(
     majority, floor = majority_floor(runs[0], grid.metric)
     # Only where runs recorded them: reports of grids from before the record keep their form.
     trained = parameter_statistics(runs)
+    matched = matched_budget_statistics(runs)
     return {
         "grid": grid.to_dict(),
         "runs": [
@@ -587,6 +624,7 @@ def build_report(
         "costs": cost_statistics(runs, ensembles),
         "compute": compute_statistics(runs, ensembles),
         **({"trained_parameters": trained} if trained else {}),
+        **({"matched_budgets": matched} if matched else {}),
         "paper_results": paper_results(grid),
         "boundaries": boundary_statistics(runs, grid.metric, floor),
         "objective": runs[0].task.objective.name,

@@ -265,6 +265,26 @@ def _parameter_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _matched_lines(report: dict[str, Any]) -> list[str]:
+    lines = [
+        "Matched budgets (grid key `matched`, experiments/budgets.py): each matched cell runs the step "
+        "count at which it costs what its compared cell plans to cost when it runs alone (its whole step "
+        "budgets and its own feature-cache build), fixed before either runs. In a grid, runs that read a "
+        "feature cache another run built are charged nothing for it, so the compared cell's realized cost "
+        "(the compute table) can be lower than the plan the matched cell got.",
+        "",
+        "| matched cell | rule | compared cell | its planned budget | matched steps | its realized cost |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in report["matched_budgets"]:
+        realized = row["compared_realized"]
+        lines.append(
+            f"| {row['name']} | {row['rule']} | {row['compared']} | {row['planned_budget']:.4g} | "
+            f"{row['steps']:.0f} | {'-' if realized is None else f'{realized:.4g}'} |"
+        )
+    return lines
+
+
 def _reuse_lines(report: dict[str, Any]) -> list[str]:
     reused = [r for r in report["runs"] if "reused_from" in r]
     if not reused:
@@ -323,6 +343,8 @@ def render(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
         lines += ["", *_cost_lines(report)]
     if report.get("trained_parameters"):
         lines += ["", *_parameter_lines(report)]
+    if report.get("matched_budgets"):
+        lines += ["", *_matched_lines(report)]
     lines += _reuse_lines(report)
     if report["boundaries"]:
         floor, gap = report["majority_in_metric"], f"train_dev_gap_{metric}"
