@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 
 from configs import tiny
+from stackft_jax.config import spec
 from stackft_jax.data import batching, task_spec, tasks, tokenization
 from stackft_jax.models import bert
 from stackft_jax.runtime import sharding
@@ -268,3 +269,29 @@ def test_another_compute_dtype_gets_its_own_shared_cache(tmp_path):
     _, bf16_model = _dev_split_and_model(scalar_mix=False, arg="model.dtype=bfloat16")
     _open_or_build(tmp_path, ds, bf16_model, all_layers=False, shared=True)
     assert len(list(tmp_path.glob("*/meta.json"))) == 2
+
+
+def test_a_lora_pair_whose_b_is_zero_leaves_the_fingerprint_and_the_features_unchanged(tmp_path):
+    # lp_lora's head phase: the backbone carries LoRA pairs (A drawn per seed, B zero), inert until the
+    # LoRA phase trains them, so its cache is the plain backbone's, shared across seeds.
+    ds, plain = _dev_split_and_model(scalar_mix=False)
+    run_spec = spec.resolve(tiny.get_config("strategy=lp_lora"))
+    model_dir = bert.resolve_model_dir(run_spec.model.name_or_path)
+    adapted, _ = build.build_model(run_spec, run_spec.task, model_dir, run_spec.adaptation)
+    assert isinstance(adapted.backbone.layers[0].attention.query.lora_b, nnx.Param)
+    shared = tmp_path / "shared"
+    plain_cache = _open_or_build(shared, ds, plain, all_layers=False, shared=True)
+    adapted_cache = _open_or_build(shared, ds, adapted, all_layers=False, shared=True)
+    assert len(list(shared.iterdir())) == 1 and not adapted_cache.built
+    own = _open_or_build(
+        tmp_path / "own", ds, adapted, all_layers=False
+    )  # what the adapted backbone computes
+    assert own.built
+    np.testing.assert_array_equal(own.hidden_states, plain_cache.hidden_states)
+    np.testing.assert_array_equal(own.pooled, plain_cache.pooled)
+
+    # A trained B changes what the backbone computes: another fingerprint, another cache.
+    projection = adapted.backbone.layers[0].attention.query
+    projection.lora_b[...] = projection.lora_b[...] + 0.01
+    _open_or_build(shared, ds, adapted, all_layers=False, shared=True)
+    assert len(list(shared.iterdir())) == 2
