@@ -27,6 +27,7 @@ COMMITTED = {
     "docs/grids/pilot_conll": "configs/experiments/pilot.py:conll",
     "docs/grids/pilot_yahoo": "configs/experiments/pilot.py:yahoo",
     "docs/grids/pilot_peft_rate": "configs/experiments/pilot.py:peft_rate",
+    "docs/grids/peft_qqp": "configs/experiments/peft.py:qqp",
 }
 # What a grid folder holds besides the committed files (.gitignore): never read by a report.
 NOT_COMMITTED = ("checkpoints", "tensorboard", "locks", "feature_cache")
