@@ -184,6 +184,19 @@ def test_the_test_presets_give_finetune_only_stack_and_finetunes_flops(preset, h
         assert (config.matched_budget.rule, config.matched_budget.compared) == ("flops", "stack_and_finetune")
         # more than stack-and-finetune's fine-tuning steps: its phase 1's cached forward is added
         assert config.phase2.num_steps > (150 if "yahoo" in preset else 300)
+    # The report pairs stack-and-finetune with the matched baseline: the paper's contrast (the complex
+    # head or ensemble against the light head fine-tuned, heads[0]) and every head against itself.
+    configured = {
+        (dict(c.cell)["head.name"], dict(c.other)["head.name"])
+        for c in cells.comparisons_of(g)
+        if c.configured
+        and dict(c.cell)["strategy"] == "stack_and_finetune"
+        and dict(c.other)["strategy"] == MATCHED
+    }
+    complex_head = {"paper_qqp": "sim_transformer", "paper_yahoo": "densenet+highway_lstm"}.get(
+        preset.split(".")[0], "bilstm_crf"
+    )
+    assert configured >= {(complex_head, heads[0]), *((head, head) for head in heads)}
 
 
 def test_the_conll_test_preset_runs_the_gap_rule_on_entity_f1():

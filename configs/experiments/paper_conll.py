@@ -28,6 +28,7 @@ two shards on a busy machine, less on a quiet one (the report's cost table gives
 
 import ml_collections
 
+from configs.experiments import paper_qqp
 from stackft_jax.config import config_cli
 
 
@@ -80,6 +81,9 @@ def test(c: ml_collections.ConfigDict) -> None:
     c.base += ",phase1.gap_metric=f1,data.test_file=../shared/data/conll2003/eng.testb"
     # Matched-budget cells, "key=value@matched_<steps|examples|flops>:compared" (experiments/budgets.py).
     c.matched = "strategy=finetune_only@matched_flops:stack_and_finetune"
+    c.comparisons = "; ".join(
+        [PAPER_CONTRAST, *paper_qqp.matched_contrasts(c.matched, "bilstm_crf", "token_mlp"), "baseline"]
+    )
 
 
 PAPER_CONTRAST = "strategy=stack_and_finetune-name=bilstm_crf vs strategy=finetune_only-name=token_mlp"

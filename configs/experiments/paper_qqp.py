@@ -100,8 +100,25 @@ def test(c: ml_collections.ConfigDict) -> None:
         "strategy=finetune_only|finetune_only_uniform|stack_and_finetune; head.name=cls_mlp|sim_transformer"
     )
     c.matched = MATCHED  # "key=value@matched_<steps|examples|flops>:compared" (experiments/budgets.py)
-    c.comparisons = "; ".join([*PAPER_CONTRASTS[:2], *SAME_HEAD_ONE_RATE[:2], "baseline"])
+    c.comparisons = "; ".join(
+        [
+            *PAPER_CONTRASTS[:2],
+            *SAME_HEAD_ONE_RATE[:2],
+            *matched_contrasts(MATCHED, "sim_transformer", "cls_mlp"),
+            "baseline",
+        ]
+    )
     c.paper_results = "; ".join(f"{row}: {ABSTRACT_GAIN}" for row in PAPER_CONTRASTS[:1])
+
+
+def matched_contrasts(matched: str, complex_head: str, light_head: str, *heads: str) -> list[str]:
+    """Stack-and-finetune against finetune-only at its budget (`matched`, a grid's matched cell): the
+    paper's contrast (the complex head stacked against the light head fine-tuned) and each head against
+    itself. Also read by paper_conll.py and paper_yahoo.py."""
+    return [
+        f"{SF}-name={complex_head} vs {matched}-name={light_head}",
+        *(f"{SF}-name={head} vs {matched}-name={head}" for head in (complex_head, light_head, *heads)),
+    ]
 
 
 # Finetune-only at stack-and-finetune's FLOPs, per head (experiments/budgets.py). FLOPs, because the

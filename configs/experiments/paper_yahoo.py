@@ -30,6 +30,7 @@ they took).
 
 import ml_collections
 
+from configs.experiments import paper_qqp
 from stackft_jax.config import config_cli
 
 
@@ -78,6 +79,7 @@ def test(c: ml_collections.ConfigDict) -> None:
     c.comparisons = "; ".join(
         [f"{SF}-name={head} vs {FO}-name=cls_mlp" for head in (ENSEMBLE, "densenet", "highway_lstm")]
         + ENSEMBLE_VS_SINGLE
+        + paper_qqp.matched_contrasts(c.matched, ENSEMBLE, "cls_mlp", "densenet", "highway_lstm")
         + ["baseline"]
     )
     c.paper_results = f"{SF}-name={ENSEMBLE} vs {FO}-name=cls_mlp: {ABSTRACT_GAIN}"
