@@ -85,7 +85,8 @@ def test_step_counts_by_each_rule_on_the_qqp_preset():
 )
 def test_bad_matched_cells_are_named_before_training(matched, message, tmp_path):
     with pytest.raises(config_cli.ConfigError, match=message):
-        grid.plan_grid(_load(QQP_TEST, matched=matched), tmp_path)
+        # comparisons: the preset's name its own matched cells, which these replace
+        grid.plan_grid(_load(QQP_TEST, matched=matched, comparisons="baseline"), tmp_path)
 
 
 def _copy_records(folder: str, tmp_path):
