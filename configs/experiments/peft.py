@@ -26,7 +26,9 @@ Cost of the 15 new runs per task: a LoRA or BitFit step still runs the encoder's
 through its activations, so on a CPU it costs most of a fine-tuning step (benchmarks/adaptation.py), and
 lp_lora adds stack-and-finetune's cheap cached head phase: about as many core-hours as 15 finetune-only
 runs of the paper grids' timings.json, about 1.6 for QQP (351 s per run) and 6.5 for CoNLL (1,566 s) at
-load 4-8, plus each run's test pass.
+load 4-8, plus each run's test pass. Measured for QQP (docs/grids/peft_qqp, one process per core, load
+2-3): 1.9 core-hours, LoRA 271 s and BitFit 213 s per run, lp_lora 904 s (each of its runs built its own
+feature cache then; they now share one, training/feature_cache.py).
 
 The report compares each adapted strategy with finetune_only and with stack_and_finetune, and lp_lora
 with lora; its compute table gives each cell's FLOPs (an adapted phase: the backbone's forward and the
