@@ -27,8 +27,8 @@ through its activations, so on a CPU it costs most of a fine-tuning step (benchm
 lp_lora adds stack-and-finetune's cheap cached head phase: about as many core-hours as 15 finetune-only
 runs of the paper grids' timings.json, about 1.6 for QQP (351 s per run) and 6.5 for CoNLL (1,566 s) at
 load 4-8, plus each run's test pass. Measured for QQP (docs/grids/peft_qqp, one process per core, load
-2-8 over two sessions): 1.9 core-hours, LoRA 271 s and BitFit 213 s per run, lp_lora 904 s (each of its runs built its own
-feature cache then; they now share one, training/feature_cache.py).
+2-8 over two sessions): 1.9 core-hours, LoRA 271 s and BitFit 213 s per run, lp_lora 904 s (each of
+its runs built its own feature cache then; they now share one, training/feature_cache.py).
 
 The report compares each adapted strategy with finetune_only and with stack_and_finetune, and lp_lora
 with lora; its compute table gives each cell's FLOPs (an adapted phase: the backbone's forward and the
