@@ -283,10 +283,8 @@ def test_a_lora_pair_whose_b_is_zero_leaves_the_fingerprint_and_the_features_unc
     plain_cache = _open_or_build(shared, ds, plain, all_layers=False, shared=True)
     adapted_cache = _open_or_build(shared, ds, adapted, all_layers=False, shared=True)
     assert len(list(shared.iterdir())) == 1 and not adapted_cache.built
-    own = _open_or_build(
-        tmp_path / "own", ds, adapted, all_layers=False
-    )  # what the adapted backbone computes
-    assert own.built
+    own = _open_or_build(tmp_path / "own", ds, adapted, all_layers=False)
+    assert own.built  # what the adapted backbone computes itself
     np.testing.assert_array_equal(own.hidden_states, plain_cache.hidden_states)
     np.testing.assert_array_equal(own.pooled, plain_cache.pooled)
 

@@ -202,10 +202,16 @@ def _by_type(members: list[RunResult], split: str, metric: str) -> dict[str, dic
     return by_type
 
 
-def cell_statistics(runs: list[RunResult], metric: str) -> list[dict[str, Any]]:
+def _runs_by_cell(runs: list[RunResult]) -> dict[tuple, list[RunResult]]:
+    """The runs of each cell, cells in the order their first run comes."""
     by_cell: dict[tuple, list[RunResult]] = collections.defaultdict(list)
     for r in runs:
         by_cell[r.run.cell].append(r)
+    return by_cell
+
+
+def cell_statistics(runs: list[RunResult], metric: str) -> list[dict[str, Any]]:
+    by_cell = _runs_by_cell(runs)
     cells = []
     for cell, members in by_cell.items():
         entry: dict[str, Any] = {"cell": dict(cell), "name": members[0].run.cell_name, "runs": len(members)}
@@ -425,9 +431,7 @@ def matched_budget_statistics(runs: list[RunResult]) -> list[dict[str, Any]]:
     it (means over seeds), beside the compared cell's realized cost in that unit (compute.py: a run that
     read a shared cache another run built is charged nothing for it). From results.json's
     `config.matched_budget`."""
-    by_cell: dict[tuple, list[RunResult]] = collections.defaultdict(list)
-    for r in runs:
-        by_cell[r.run.cell].append(r)
+    by_cell = _runs_by_cell(runs)
     rows = []
     for cell, members in by_cell.items():
         matched = members[0].run.matched
@@ -435,8 +439,7 @@ def matched_budget_statistics(runs: list[RunResult]) -> list[dict[str, Any]]:
             continue
         recorded = [m.results["config"]["matched_budget"] for m in members]
         compared_cell = tuple((k, matched.compared if k == matched.key else v) for k, v in cell)
-        unit = f"total.{budgets.RULES[matched.rule]}"
-        realized = [r.compute_totals for r in by_cell.get(compared_cell, [])]
+        realized = _mean_compute(by_cell.get(compared_cell, []), {}) or {}
         rows.append(
             {
                 "cell": dict(cell),
@@ -445,9 +448,7 @@ def matched_budget_statistics(runs: list[RunResult]) -> list[dict[str, Any]]:
                 "compared": Run(compared_cell, 0).cell_name,
                 "planned_budget": statistics.mean(float(b["budget"]) for b in recorded),
                 "steps": statistics.mean(m.results["train_steps"] for m in members),
-                "compared_realized": (
-                    statistics.mean(c[unit] for c in realized) if realized and None not in realized else None
-                ),
+                "compared_realized": realized.get(f"total.{budgets.RULES[matched.rule]}"),
             }
         )
     return rows
@@ -456,11 +457,8 @@ def matched_budget_statistics(runs: list[RunResult]) -> list[dict[str, Any]]:
 def compute_statistics(runs: list[RunResult], ensembles: list[RunResult]) -> list[dict[str, Any]]:
     """Per cell, the mean over seeds of each total run_compute gives."""
     by_name = {r.run.name: r for r in runs}
-    by_cell: dict[tuple, list[RunResult]] = collections.defaultdict(list)
-    for r in runs + ensembles:
-        by_cell[r.run.cell].append(r)
     rows = []
-    for cell, members in by_cell.items():
+    for cell, members in _runs_by_cell(runs + ensembles).items():
         mean = _mean_compute(members, by_name)
         if mean is not None:
             rows.append({"cell": dict(cell), "name": members[0].run.cell_name, "compute": mean})

@@ -37,6 +37,12 @@ def put_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.A
     }
 
 
+def local_copy(leaf) -> np.ndarray:
+    """A replicated array's copy on this process (also on multi-host meshes, where the global array is
+    not addressable), or a host array as it is."""
+    return np.asarray(leaf.addressable_data(0) if isinstance(leaf, jax.Array) else leaf)
+
+
 def to_host(tree):
     """Fully replicated or sharded global arrays -> numpy on every process."""
     if jax.process_count() == 1:

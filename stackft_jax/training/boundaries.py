@@ -9,6 +9,7 @@ import jax
 import numpy as np
 
 from stackft_jax.data.task_spec import Split
+from stackft_jax.runtime import sharding
 from stackft_jax.training import calibration, checkpointing, evaluation, feature_cache
 
 
@@ -22,7 +23,7 @@ def check_frozen(phase_name: str, params: Any, trained: Any, frozen: str) -> Non
 def _norm_on_host(tree: Any) -> float:
     """The global L2 norm of replicated arrays, from this process's copy (eager device ops would compile
     one program each)."""
-    leaves = [np.asarray(x.addressable_data(0), np.float64) for x in jax.tree.leaves(tree)]
+    leaves = [sharding.local_copy(x).astype(np.float64) for x in jax.tree.leaves(tree)]
     return float(np.sqrt(sum(np.sum(np.square(x)) for x in leaves)))
 
 

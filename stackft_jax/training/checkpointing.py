@@ -40,7 +40,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from jax.sharding import Sharding
 
-from stackft_jax.runtime import cli_errors
+from stackft_jax.runtime import cli_errors, sharding
 from stackft_jax.training.optim import path_str
 
 log = logging.getLogger(__name__)
@@ -87,8 +87,7 @@ def hash_leaves(h: Any, tree: Any, skip: Any = None) -> None:
     for i, (path, leaf) in enumerate(jax.tree_util.tree_flatten_with_path(tree)[0]):
         if marks is not None and marks[i]:
             continue
-        # addressable_data(0): a replicated array's local copy, also on multi-host meshes.
-        array = np.asarray(leaf.addressable_data(0) if isinstance(leaf, jax.Array) else leaf)
+        array = sharding.local_copy(leaf)
         h.update(f"{jax.tree_util.keystr(path)}|{array.dtype}|{array.shape}".encode())
         h.update(np.ascontiguousarray(array).tobytes())
 

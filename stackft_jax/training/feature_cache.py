@@ -49,6 +49,7 @@ import numpy as np
 from flax import nnx
 
 from stackft_jax.data import batching
+from stackft_jax.models.adaptation import lora
 from stackft_jax.runtime import sharding
 from stackft_jax.training import checkpointing, steps
 
@@ -185,30 +186,15 @@ def _fingerprint(
         f"v{_VERSION}|all_layers={all_layers}|{dtype}|{architecture}|compute "
         f"{np.dtype(backbone.dtype).name}|{batch_shapes}".encode()
     )
-    checkpointing.hash_leaves(h, params["backbone"], skip=_inert_lora(params["backbone"]))
+    # A LoRA pair whose B is still zero adds exact zeros: left out, lp_lora's head phase shares one cache
+    # across seeds (whose A differ) and with stack-and-finetune's phase 1.
+    checkpointing.hash_leaves(h, params["backbone"], skip=lora.inert_leaves(params["backbone"]))
     # What the backbone reads; `segment_ids` (which text a token is from) only reaches the head, and
     # batches read it from the dataset, not from the cache.
     for array in (ds["input_ids"], ds["token_type_ids"], ds["lengths"]):
         h.update(f"{array.dtype}|{array.shape}".encode())
         h.update(np.ascontiguousarray(array).tobytes())
     return h.hexdigest()[:24]
-
-
-def _inert_lora(backbone: Any) -> list[bool]:
-    """Per leaf, in flatten order: whether it belongs to a LoRA pair whose B is all zero. Such a pair adds
-    exact zeros (models/adaptation/lora.py), so the backbone computes what it computes without it and the
-    fingerprint leaves the pair out: the head phase of lp_lora, whose A differs from seed to seed, shares
-    one cache across seeds and with stack-and-finetune's phase 1."""
-    leaves = jax.tree_util.tree_flatten_with_path(backbone)[0]
-
-    def name(path: tuple) -> Any:
-        return getattr(path[-1], "key", None)
-
-    def local(leaf: Any) -> np.ndarray:
-        return np.asarray(leaf.addressable_data(0) if isinstance(leaf, jax.Array) else leaf)
-
-    inert = {path[:-1] for path, leaf in leaves if name(path) == "lora_b" and not np.any(local(leaf))}
-    return [name(path) in ("lora_a", "lora_b") and path[:-1] in inert for path, _ in leaves]
 
 
 def _read_meta(directory: Path) -> dict | None:

@@ -28,6 +28,7 @@ from stackft_jax.models.adaptation.kind import (
 )
 from stackft_jax.models.dense import Dense, matmul
 from stackft_jax.models.dropout import Dropout
+from stackft_jax.runtime import sharding
 
 OPTIONS = {
     "rank": 8,  # r: the update's rank (lora_a is [in, rank], lora_b [rank, out])
@@ -82,6 +83,21 @@ def without_lora(params: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(params, Mapping):
         return params
     return {k: without_lora(v) for k, v in params.items() if k not in ("lora_a", "lora_b")}
+
+
+def inert_leaves(params: Any) -> list[bool]:
+    """Per leaf of `params`, in flatten order: whether it is `lora_a` or `lora_b` of a pair whose B is all
+    zero. Such a pair adds exact zeros (`LoraDense`), so the model computes what it computes without it
+    (a fingerprint of what the model computes may skip these leaves: training/feature_cache.py)."""
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+
+    def name(path: tuple) -> Any:
+        return getattr(path[-1], "key", None)
+
+    zero_b = {
+        path[:-1] for path, leaf in leaves if name(path) == "lora_b" and not np.any(sharding.local_copy(leaf))
+    }
+    return [name(path) in ("lora_a", "lora_b") and path[:-1] in zero_b for path, _ in leaves]
 
 
 def peft_tensors(
