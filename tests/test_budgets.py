@@ -227,3 +227,9 @@ def test_the_phase1_dropout_preset_separates_the_dropout_mismatch_from_a_weaker_
     assert short["phase1"].pop("num_steps") == 30 and cached["phase1"].pop("num_steps") == 120
     cached["model"]["dropout_rate"] = None
     assert short == cached  # a 30-step phase 1, nothing else
+    # The report puts each separating cell against the recipe it changes and against phase-1 dropout.
+    configured = {
+        (dict(c.cell)["recipe"], dict(c.other)["recipe"]) for c in cells.comparisons_of(g) if c.configured
+    }
+    separating = {"cached_no_dropout", "cached_30_steps"}
+    assert configured >= {(new, old) for new in separating for old in ("cached", "dropout")}

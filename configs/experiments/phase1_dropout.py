@@ -60,6 +60,16 @@ def separate(c: ml_collections.ConfigDict) -> None:
         + "|cached_no_dropout:phase1.backbone_dropout=False,phase1.feature_cache=True,model.dropout_rate=0.0"
         + "|cached_30_steps:phase1.backbone_dropout=False,phase1.feature_cache=True,phase1.num_steps=30"
     )
+    # Each new cell against the recipe it changes (`cached`: does it recover?) and against `dropout`
+    # (does it recover all of it? TOST at the grid's margin), then every recipe against finetune-only.
+    c.comparisons = "; ".join(
+        ["recipe=dropout vs recipe=cached"]
+        + [f"recipe={new} vs recipe={old}" for new in _SEPARATING for old in ("cached", "dropout")]
+        + ["baseline"]
+    )
+
+
+_SEPARATING = ("cached_no_dropout", "cached_30_steps")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
