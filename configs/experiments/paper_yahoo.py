@@ -67,7 +67,13 @@ def test(c: ml_collections.ConfigDict) -> None:
     either budget tests the same.) Cost of the 15 matched runs, from the `small` grid's timings.json
     (means per run at load 4-5): finetune-only 416 s (DenseNet) and 312 s (Highway-LSTM) at 150 steps,
     cls_mlp about 360 s (the pilot's 2.4 s per step): at 225 steps about 620, 470 and 540 s, about 2.3
-    core-hours with their test passes (the 30 other runs about 3)."""
+    core-hours with their test passes (the 30 other runs about 3). Measured: the 45 runs took 6.37
+    hours of process wall time, one process per core (results.json `wall_time_s`; the report's compute
+    table per cell), read in docs/yahoo_grid_reading.md:
+      taskset -c 0 python -m stackft_jax.experiment --config=configs/experiments/paper_yahoo.py:test \
+        --workdir=docs/grids/paper_yahoo_test &
+      taskset -c 1 python -m stackft_jax.experiment --config=configs/experiments/paper_yahoo.py:test \
+        --workdir=docs/grids/paper_yahoo_test"""
     small(c)
     c.base += ",data.test_file=../shared/data/yahoo_answers/test.csv"
     c.axes = "strategy=finetune_only|stack_and_finetune; head.name=cls_mlp|densenet|highway_lstm"
