@@ -291,6 +291,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
             "blocks instead (phases.clear_aliases resets the alias keys in a config file)",
         ),
         (
+            # A negative budget skipped the phase without a word (budgeted() kept it as it was).
+            ["--config=configs/tiny.py", "--config.phase1.num_steps=-5"],
+            "config.phase1.num_steps=-5: must be 0 or more",
+        ),
+        (
             # A stop rule that could never fire.
             ["--config=configs/tiny.py:task=stsb,phase1.gap_eval_examples=0"],
             "config.phase1.max_train_dev_gap=1.0 needs config.phase1.gap_eval_examples > 0 (the train "

@@ -323,6 +323,10 @@ def test_another_strategy_on_purpose_starts_over_and_sets_the_old_run_aside(tmp_
         ({"metric": "f2"}, "config key 'metric' = 'f2': grid run strategy=finetune_only-seed0"),
         ({"axes": "strategy=finetune_only|stack_only; head.name=cls_mlp|esmi"}, "'esmi' is not a registered"),
         ({"num_seeds": 0}, "config key 'num_seeds' = 0: run at least 1 seed"),
+        # Report-only numbers: a bad one used to pass until the report, after every run had trained.
+        ({"equivalence_margin": -0.01}, "config key 'equivalence_margin' = -0.01: TOST's margin"),
+        ({"equivalence_margin": 0.0}, "config key 'equivalence_margin' = 0.0: TOST's margin"),
+        ({"bootstrap_samples": 10}, "config key 'bootstrap_samples' = 10: the two-level bootstrap's"),
         ({"axes": "strategy=finetune_only|stack_only; seed=0|1"}, "axis seed sets seed, which the grid sets"),
         (
             {"axes": "strategy=finetune_only|stack_only; lr=a:seed=1,phase1.learning_rate=0.1|b:seed=2"},

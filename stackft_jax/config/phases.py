@@ -159,6 +159,16 @@ class Phase:
             raise ConfigError(f"{where}.learning_rates: rates must be positive (freeze a group instead)")
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"{where}.schedule={self.schedule!r}: choose one of {SCHEDULES}")
+        # A negative budget or count would pass the checks below and silently train nothing (or stop
+        # nothing): `budgeted` keeps a nonzero num_steps as it is.
+        for key in ("num_steps", "num_epochs", "warmup_steps", "weight_decay", "gap_eval_examples",
+                    "patience_evals"):  # fmt: skip
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{where}.{key}={getattr(self, key)}: must be 0 or more")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ConfigError(
+                f"{where}.warmup_ratio={self.warmup_ratio}: a fraction of the budget, in [0, 1)"
+            )
         if self.num_steps <= 0 and self.num_epochs <= 0:
             raise ConfigError(
                 f"{where}.num_steps and {where}.num_epochs are both 0: the phase would not train"

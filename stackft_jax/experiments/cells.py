@@ -6,6 +6,7 @@ config or starts jax (grid.py runs the cells, report.py reads them back).
 
 import dataclasses
 import itertools
+import math
 import re
 
 import ml_collections
@@ -168,6 +169,19 @@ def check_grid(grid: ml_collections.ConfigDict) -> None:
     """The grid's own keys (not its cells'): seed count, axes over keys the grid sets."""
     if grid.num_seeds < 1:
         raise ConfigError(f"config key 'num_seeds' = {grid.num_seeds}: run at least 1 seed")
+    # Report-only numbers, checked here so a bad one fails before the runs train, not at the report.
+    margin = grid.get("equivalence_margin")
+    if margin is not None and not (isinstance(margin, int | float) and 0 < margin < math.inf):
+        raise ConfigError(
+            f"config key 'equivalence_margin' = {margin!r}: TOST's margin, a positive number in the "
+            "metric's units (0.01: 1 point of a 0-1 metric)"
+        )
+    samples = grid.get("bootstrap_samples")
+    if samples is not None and not (isinstance(samples, int) and samples >= 100):
+        raise ConfigError(
+            f"config key 'bootstrap_samples' = {samples!r}: the two-level bootstrap's resamples, an "
+            "integer of at least 100"
+        )
     parse_matched(grid, dict(parse_axes(grid.axes)))
     for key, values in _parse_axes(grid.axes):
         set_keys = {key} | {item.split("=", 1)[0].strip() for _, items in values for item in items}
