@@ -97,3 +97,12 @@ def test_a_record_from_before_the_phase_vocabulary_binds_as_today():
             block.pop("adaptation", None)
         assert spec.recorded_binding_form(old, current.raw) == spec.binding_form(current)
         assert spec.config_from_plain(old).feature_cache_dir == "/shared/features"
+
+
+@pytest.mark.parametrize("key", spec._POSITIVE)
+@pytest.mark.parametrize("value", [0, -1])
+def test_counts_that_must_be_positive_are_refused_naming_the_key(key, value):
+    config = tiny.get_config()
+    config[key] = value
+    with pytest.raises(ConfigError, match=rf"^config\.{key} must be positive, got {value}$"):
+        spec.resolve(config)

@@ -41,6 +41,7 @@ _POSITIVE = (
     "per_device_batch_size",
     "eval_per_device_batch_size",
     "max_seq_length",
+    "boundary_train_examples",
 )
 # Keys that change how a run is watched or stored, never what it computes: left out of the binding form
 # and of the comparison of two records (workdirs.config_differences).
