@@ -71,11 +71,10 @@ def test(c: ml_collections.ConfigDict) -> None:
         --workdir=docs/grids/paper_conll_test
     (without --shard each process takes the next run no other holds, so the matched cells' longer runs
     do not leave one core idle; the first runs went as --shard=0/2 and 1/2)
-    Cost, from the small grid's timings.json (means per run at load 5-8 on the 2-core machine):
-    finetune-only 1,566 s (token_mlp) and 1,207 s (bilstm_crf), stack-and-finetune 623 s and 1,485 s,
-    the matched cells about 450/300 of finetune-only's: 2,350 s and 1,800 s; with the test pass (3,453
-    sentences, about 60 s) per run, the 30 runs take about 12.5 core-hours at that load (the 10 matched
-    ones 5.8), less on quiet cores (the pilot's 3.4 s per fine-tuning step was measured at load 5-8)."""
+    Cost, measured (the committed runs' results.json `wall_time_s`, one process per core of the 2-core
+    machine): 9.28 hours of process wall time for the 30 runs; per run on average 901-1,003 s in the
+    300-step cells (test pass included) and 1,314 s (token_mlp) and 1,561 s (bilstm_crf) in the matched
+    ones. Read in docs/conll_grid_reading.md."""
     small(c)
     c.num_seeds = 5
     c.axes = "strategy=finetune_only|stack_and_finetune; head.name=token_mlp|bilstm_crf"
