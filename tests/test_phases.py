@@ -176,6 +176,12 @@ def test_invalid_written_phases_fail_before_any_work_naming_the_phase_and_key(se
         spec.resolve(config).plan(10)
 
 
+@pytest.mark.parametrize("key", phases.NON_NEGATIVE_KEYS)
+def test_every_count_or_amount_key_refuses_a_negative_value(key):
+    with pytest.raises(ConfigError, match=rf"config.phases\[1\] \(all\).{key}=-1(\.0)?: must be 0 or more"):
+        spec.resolve(_written(HEAD, {**ALL, key: -1}))
+
+
 def test_written_phases_need_their_own_name_and_known_keys():
     with pytest.raises(ConfigError, match="names a preset: give the schedule its own name"):
         spec.resolve(_written(HEAD, ALL, strategy="stack_and_finetune"))

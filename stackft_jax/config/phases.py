@@ -86,6 +86,17 @@ def _key(default: Any, doc: str) -> Any:
     return dataclasses.field(default=default, metadata={"doc": doc})
 
 
+# Phase keys that are counts or amounts: 0 turns them off, a negative value is an error.
+NON_NEGATIVE_KEYS = (
+    "num_steps",
+    "num_epochs",
+    "warmup_steps",
+    "weight_decay",
+    "gap_eval_examples",
+    "patience_evals",
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Phase:
     """One phase of a schedule, and the one place its keys, defaults and comments are written: a written
@@ -161,8 +172,7 @@ class Phase:
             raise ConfigError(f"{where}.schedule={self.schedule!r}: choose one of {SCHEDULES}")
         # A negative budget or count would pass the checks below and silently train nothing (or stop
         # nothing): `budgeted` keeps a nonzero num_steps as it is.
-        for key in ("num_steps", "num_epochs", "warmup_steps", "weight_decay", "gap_eval_examples",
-                    "patience_evals"):  # fmt: skip
+        for key in NON_NEGATIVE_KEYS:
             if getattr(self, key) < 0:
                 raise ConfigError(f"{where}.{key}={getattr(self, key)}: must be 0 or more")
         if not 0 <= self.warmup_ratio < 1:

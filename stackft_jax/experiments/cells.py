@@ -11,6 +11,7 @@ import re
 
 import ml_collections
 
+from stackft_jax.experiments import statistics
 from stackft_jax.experiments.budgets import Matched, parse_matched
 from stackft_jax.runtime.cli_errors import ConfigError
 
@@ -161,6 +162,31 @@ def ensembles_of(grid: ml_collections.ConfigDict) -> list[Ensemble]:
     return ensembles
 
 
+@dataclasses.dataclass(frozen=True)
+class ReportSettings:
+    """The grid's report-only statistics keys, defaults filled in."""
+
+    bootstrap_samples: int
+    equivalence_margin: float
+
+
+def report_settings(grid: ml_collections.ConfigDict) -> ReportSettings:
+    """`bootstrap_samples` and `equivalence_margin` as the report uses them; an error names a bad one."""
+    margin = grid.get("equivalence_margin", statistics.EQUIVALENCE_MARGIN)
+    if not (isinstance(margin, int | float) and 0 < margin < math.inf):
+        raise ConfigError(
+            f"config key 'equivalence_margin' = {margin!r}: TOST's margin, a positive number in the "
+            "metric's units (0.01: 1 point of a 0-1 metric)"
+        )
+    samples = grid.get("bootstrap_samples", statistics.BOOTSTRAP_SAMPLES)
+    if not (isinstance(samples, int) and samples >= 100):
+        raise ConfigError(
+            f"config key 'bootstrap_samples' = {samples!r}: the two-level bootstrap's resamples, an "
+            "integer of at least 100"
+        )
+    return ReportSettings(bootstrap_samples=samples, equivalence_margin=margin)
+
+
 # Keys the grid sets itself in every run: an axis over one would be overridden without a word.
 GRID_SET_KEYS = ("seed",)
 
@@ -169,19 +195,7 @@ def check_grid(grid: ml_collections.ConfigDict) -> None:
     """The grid's own keys (not its cells'): seed count, axes over keys the grid sets."""
     if grid.num_seeds < 1:
         raise ConfigError(f"config key 'num_seeds' = {grid.num_seeds}: run at least 1 seed")
-    # Report-only numbers, checked here so a bad one fails before the runs train, not at the report.
-    margin = grid.get("equivalence_margin")
-    if margin is not None and not (isinstance(margin, int | float) and 0 < margin < math.inf):
-        raise ConfigError(
-            f"config key 'equivalence_margin' = {margin!r}: TOST's margin, a positive number in the "
-            "metric's units (0.01: 1 point of a 0-1 metric)"
-        )
-    samples = grid.get("bootstrap_samples")
-    if samples is not None and not (isinstance(samples, int) and samples >= 100):
-        raise ConfigError(
-            f"config key 'bootstrap_samples' = {samples!r}: the two-level bootstrap's resamples, an "
-            "integer of at least 100"
-        )
+    report_settings(grid)  # report-only numbers: a bad one fails before the runs train, not at the report
     parse_matched(grid, dict(parse_axes(grid.axes)))
     for key, values in _parse_axes(grid.axes):
         set_keys = {key} | {item.split("=", 1)[0].strip() for _, items in values for item in items}

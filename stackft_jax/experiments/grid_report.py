@@ -58,7 +58,14 @@ from stackft_jax.config import phases
 from stackft_jax.data.task_spec import TaskSpec
 from stackft_jax.experiments import budgets, ensembling, figures, markdown
 from stackft_jax.experiments import statistics as array_statistics
-from stackft_jax.experiments.cells import Run, comparisons_of, ensembles_of, paper_results, runs_of
+from stackft_jax.experiments.cells import (
+    Run,
+    comparisons_of,
+    ensembles_of,
+    paper_results,
+    report_settings,
+    runs_of,
+)
 from stackft_jax.experiments.grid import REUSED_FROM, check_ensembles, run_spec
 from stackft_jax.models import objectives
 from stackft_jax.runtime.cli_errors import ConfigError
@@ -501,8 +508,8 @@ def comparisons(
     a degenerate run is not `valid`."""
     from statsmodels.stats.multitest import multipletests
 
-    samples = grid.get("bootstrap_samples", array_statistics.BOOTSTRAP_SAMPLES)
-    margin = grid.get("equivalence_margin", array_statistics.EQUIVALENCE_MARGIN)
+    settings = report_settings(grid)
+    samples, margin = settings.bootstrap_samples, settings.equivalence_margin
     by_cell_seed = {(r.run.cell, r.run.seed): r for r in runs}
     by_name = {r.run.name: r for r in runs}
     rows = []
@@ -616,8 +623,7 @@ def build_report(
         "statistics": {
             "primary_interval": "seed-level paired t-interval, 95%, two-sided (scipy.stats.ttest_1samp)",
             "tests": "all two-sided",
-            "bootstrap_samples": grid.get("bootstrap_samples", array_statistics.BOOTSTRAP_SAMPLES),
-            "equivalence_margin": grid.get("equivalence_margin", array_statistics.EQUIVALENCE_MARGIN),
+            **dataclasses.asdict(report_settings(grid)),
         },
         "costs": cost_statistics(runs, ensembles),
         "compute": compute_statistics(runs, ensembles),
