@@ -28,7 +28,9 @@ lp_lora adds stack-and-finetune's cheap cached head phase: about as many core-ho
 runs of the paper grids' timings.json, about 1.6 for QQP (351 s per run) and 6.5 for CoNLL (1,566 s) at
 load 4-8, plus each run's test pass. Measured for QQP (docs/grids/peft_qqp, one process per core, load
 2-8 over two sessions): 1.9 core-hours, LoRA 271 s and BitFit 213 s per run, lp_lora 904 s (each of
-its runs built its own feature cache then; they now share one, training/feature_cache.py).
+its runs built its own feature cache then; they now share one, training/feature_cache.py). Measured for
+CoNLL (docs/grids/peft_conll, one process per core): 2.94 core-hours, LoRA 658 s, lp_lora 753 s and
+BitFit 708 s per run (seed 0's lp_lora built the cache the other four read).
 
 The report compares each adapted strategy with finetune_only and with stack_and_finetune, and lp_lora
 with lora; its compute table gives each cell's FLOPs (an adapted phase: the backbone's forward and the
