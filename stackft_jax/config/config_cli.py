@@ -20,7 +20,9 @@ import json
 import math
 import re
 import sys
+import sysconfig
 import tokenize
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,7 @@ import ml_collections
 from stackft_jax.config import defaults, phases
 from stackft_jax.data import tasks
 from stackft_jax.models import adaptation
-from stackft_jax.runtime.cli_errors import ConfigError
+from stackft_jax.runtime.cli_errors import ConfigError, ConfigFileError, UserError
 
 SHORTHANDS = {"task": "data.task", "head": "head.name"}
 _BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
@@ -216,23 +218,149 @@ def load(spec: str, overrides: Sequence[str] = (), *, kind: str | None = None) -
             set_value(config, key, value)
         config.lock()
         return config
-    module_spec = importlib.util.spec_from_file_location(f"_stackft_config_{Path(path).stem}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    if not path.endswith(".py"):
+        raise ConfigFileError(
+            f"--config={spec}: {path} is no config file: give a Python file with get_config(arg) "
+            "(FILE.py), or a run's config.json or results.json"
+        )
+    module = _run_config_file(path, _import, path)
     if not callable(getattr(module, "get_config", None)):
-        raise ConfigError(f"--config={spec}: {path} has no get_config(arg) function; is it a config file?")
+        raise ConfigFileError(f"{path}: no get_config(arg) function; is it a config file?")
     items = ",".join(filter(None, [arg, *overrides]))
     try:
-        config = module.get_config(items or None)
+        config = _run_config_file(path, module.get_config, items or None)
     except ConfigError:
         if kind is not None:  # a grid's keys given to a run config fail first; name the swap instead
-            _check_kind(module.get_config(None), path, kind)
+            _check_kind(_run_config_file(path, module.get_config, None), path, kind)
         raise
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ConfigFileError(
+            f"{path}: get_config(arg) returned a {type(config).__name__}, not an ml_collections.ConfigDict "
+            "(start from stackft_jax.config.defaults.get_config())"
+        )
     if kind is not None:
         _check_kind(config, path, kind)
+    if _kind_of(config) == "run":
+        _check_keys(config, path)
     _check_applied(config, path, items)
     config.lock()
     return config
+
+
+def _import(path: str) -> Any:
+    module_spec = importlib.util.spec_from_file_location(f"_stackft_config_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def _run_config_file(path: str, function: Callable[[Any], Any], arg: Any) -> Any:
+    """`function(arg)`, the config file's own code running: a user's mistake (UserError) passes as it is;
+    any other exception is the file's, named as one line with the file and line it arose at."""
+    try:
+        return function(arg)
+    except UserError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the config file's code: anything may arise there
+        where = _where(error, path)
+        unknown = _locked_key_error(error)
+        if unknown is not None:
+            raise ConfigError(f"{where}: {unknown}") from None
+        text = error.msg if isinstance(error, SyntaxError) else str(error)
+        message = " ".join(text.split()) or "(no message)"
+        raise ConfigFileError(f"{where}: {type(error).__name__}: {message}") from None
+
+
+# Code that is not the user's config: the installed packages, the standard library, stackft_jax itself.
+_NOT_CONFIG_CODE = tuple(
+    {
+        str(Path(p).resolve())
+        for p in (
+            *(sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")),
+            Path(__file__).parents[1],
+        )
+    }
+)
+
+
+def _where(error: BaseException, path: str) -> str:
+    """`FILE:LINE` of the config code where `error` arose: a syntax error's position, else the deepest
+    frame in a file of the user's (the config file, or a config file it imports); else `path`."""
+    if isinstance(error, SyntaxError) and error.filename:
+        return f"{error.filename}:{error.lineno}"
+    frames = [
+        frame
+        for frame in traceback.extract_tb(error.__traceback__)
+        if not frame.filename.startswith("<")
+        and not str(Path(frame.filename).resolve()).startswith(_NOT_CONFIG_CODE)
+    ]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else path
+
+
+def _locked_key_error(error: BaseException) -> ConfigError | None:
+    """A key set (or read) on a ConfigDict that lacks it, as the command line names it: the full dotted
+    key and the closest existing one (`_unknown_key`), not ml_collections' dump of the whole block."""
+    if not isinstance(error, AttributeError | KeyError):
+        return None
+    text = error
+    while isinstance(text, BaseException):  # ml_collections wraps a KeyError in an AttributeError
+        text = text.args[0] if text.args else ""
+    text = str(text)
+    locked = re.search(r'Key "([^"]+)" does not exist', text)
+    leaf = locked[1] if locked else (text.splitlines() or [""])[0].strip("'\"")
+    frames, tb = [], error.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    parents = [f.f_locals.get("self") for f in frames]
+    parent = next((p for p in reversed(parents) if isinstance(p, ml_collections.ConfigDict)), None)
+    if parent is None or not leaf.isidentifier() or leaf in parent:
+        return None
+    # The outermost config the file's code holds that contains that block names the key in full.
+    found = [
+        (prefix, root)
+        for frame in frames
+        for root in frame.f_locals.values()
+        if isinstance(root, ml_collections.ConfigDict)
+        for prefix in [_prefix_of(root, parent)]
+        if prefix is not None
+    ]
+    prefix, root = max(found, key=lambda pair: len(pair[0]), default=("", parent))
+    return _unknown_key(root, prefix + leaf)
+
+
+def _prefix_of(
+    root: ml_collections.ConfigDict, block: ml_collections.ConfigDict, prefix: str = ""
+) -> str | None:
+    """`block`'s dotted path inside `root` ("phase1."; "" for root itself), None when it is not there."""
+    if root is block:
+        return prefix
+    for key, value in root.items():
+        children = enumerate(value) if _is_block_list(value) else [(None, value)]
+        for index, child in children:
+            if isinstance(child, ml_collections.ConfigDict):
+                path = f"{prefix}{key}." + ("" if index is None else f"{index}.")
+                found = _prefix_of(child, block, path)
+                if found is not None:
+                    return found
+    return None
+
+
+def _check_keys(config: ml_collections.ConfigDict, path: str) -> None:
+    """A run config has the defaults' keys, no more (written phases aside: phases.block checks theirs):
+    a key a config file added (on an unlocked config) would be read by nothing."""
+    reference = defaults.get_config()
+    known = set(flat_keys(reference))
+    given = {key for key in flat_keys(config) if not key.startswith("phases.")}
+    unknown = sorted(given - known)
+    if unknown:
+        raise ConfigError(f"{path}: {_unknown_key(reference, unknown[0])}")
+    missing = sorted(known - given - {"phases"})
+    if missing:
+        raise ConfigFileError(
+            f"{path}: get_config(arg) returned a config without the key '{missing[0]}' ({len(missing)} "
+            "missing): start from stackft_jax.config.defaults.get_config()"
+        )
 
 
 def recorded_run_config(path: Path) -> ml_collections.ConfigDict:

@@ -117,4 +117,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.matched_budget.rule = ""  # steps | examples | flops; "": not a matched cell
     c.matched_budget.compared = ""  # the axis value whose planned budget this run got
     c.matched_budget.budget = 0.0  # that budget in the rule's unit (steps, examples or FLOPs)
+    # Locked: a config file that sets a key the defaults lack (`c.phase1.num_step = 3`) fails at that
+    # line (config_cli.load names it), rather than adding a key that nothing reads.
+    c.lock()
     return c

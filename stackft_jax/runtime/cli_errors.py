@@ -7,7 +7,8 @@ is printed, with a line saying so.
 
 Exit statuses (README, Troubleshooting):
     0    done
-    1    data or model: a data file, model folder or checkpoint the run cannot use; a non-finite loss;
+    1    data or model: a data file, model folder or checkpoint the run cannot use; a config file that
+         does not load (its syntax, an exception in it or in its get_config); a non-finite loss;
          a full disk; a read-only folder; a run stopped by SIGTERM (saved: rerun the same command to resume)
     2    usage or config: a flag, config key or grid; a workdir bound to another config or data, or in
          use; an output folder the command did not create
@@ -48,6 +49,14 @@ class UsageError(UserError, ValueError):
 
 class ConfigError(UsageError):
     """A config problem the user fixes on the command line; the command prints it as one line, exit 2."""
+
+
+class ConfigFileError(UserError, ValueError):
+    """A config file Python cannot run as one: its syntax, an exception or a missing import in it or in
+    its get_config, a get_config that returns no ConfigDict, a file that is no config (exit 1, like a data
+    file the run cannot use); the message names the file and line."""
+
+    exit_code = EXIT_DATA
 
 
 class DataError(UserError, ValueError):

@@ -1,0 +1,142 @@
+"""A config file that does not load, or sets a key that does not exist, is one `error:` line naming the
+file and line, through the real command lines; keys that cannot mean anything are refused before any
+work; every committed run and grid still loads."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+_ON_DEFAULTS = "from stackft_jax.config import config_cli, defaults\n\n\ndef get_config(arg=None):\n"
+
+
+def _command(module: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def _refused(proc: subprocess.CompletedProcess, status: int, message: str, workdir: Path) -> None:
+    """One line, `error: <message>`, the status, no traceback, nothing written."""
+    assert (proc.returncode, proc.stderr.strip().splitlines()[-1:]) == (status, [f"error: {message}"]), (
+        proc.stderr
+    )
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not workdir.exists()
+
+
+# (file text, status, message after `error: FILE`): each config file as a newcomer or a hostile tester
+# writes it.
+BROKEN_FILES = {
+    "syntax_error": (_ON_DEFAULTS.replace("arg=None):", "arg=None)"), 1, ":4: SyntaxError: expected ':'"),
+    "exception_in_get_config": (
+        _ON_DEFAULTS + "    c = defaults.get_config()\n    c.seed = int('three')\n    return c\n",
+        1,
+        ":6: ValueError: invalid literal for int() with base 10: 'three'",
+    ),
+    "exception_at_import": ("raise RuntimeError('not\\nready')\n", 1, ":1: RuntimeError: not ready"),
+    "missing_import": (
+        "import no_such_module_h47\n\n" + _ON_DEFAULTS + "    return defaults.get_config()\n",
+        1,
+        ":1: ModuleNotFoundError: No module named 'no_such_module_h47'",
+    ),
+    "plain_dict": (
+        "def get_config(arg=None):\n    return {'seed': 1}\n",
+        1,
+        ": get_config(arg) returned a dict, not an ml_collections.ConfigDict (start from "
+        "stackft_jax.config.defaults.get_config())",
+    ),
+    "no_get_config": ("SEED = 1\n", 1, ": no get_config(arg) function; is it a config file?"),
+    # On defaults.get_config() (locked): the command line's "did you mean" line, at the file's line.
+    "typo_on_defaults": (
+        _ON_DEFAULTS + "    c = defaults.get_config()\n    c.phase1.num_step = 3\n"
+        "    config_cli.apply_arg(c, arg, {})\n    return c\n",
+        2,
+        ":6: config key 'phase1.num_step' does not exist; did you mean 'phase1.num_steps'?",
+    ),
+    "typo_read": (
+        _ON_DEFAULTS + "    c = defaults.get_config()\n    c.phase2.num_steps = c.phase1.num_step\n"
+        "    return c\n",
+        2,
+        ":6: config key 'phase1.num_step' does not exist; did you mean 'phase1.num_steps'?",
+    ),
+    "typo_in_a_head_block": (
+        _ON_DEFAULTS + "    c = defaults.get_config()\n    head = c.head\n    head['cls_mlp'].hiden_dim = 3\n"
+        "    return c\n",
+        2,
+        ":7: config key 'head.cls_mlp.hiden_dim' does not exist; did you mean 'head.cls_mlp.hidden_dim'?",
+    ),
+    # Unlocked on purpose: the key is still one nothing reads.
+    "typo_on_an_unlocked_config": (
+        _ON_DEFAULTS + "    c = defaults.get_config()\n    c.unlock()\n    c.model.dropout_rat = 0.2\n"
+        "    return c\n",
+        2,
+        ": config key 'model.dropout_rat' does not exist; did you mean 'model.dropout_rate'?",
+    ),
+    "missing_keys": (
+        "import ml_collections\n\n\ndef get_config(arg=None):\n"
+        "    return ml_collections.ConfigDict({'seed': 1})\n",
+        1,
+        ": get_config(arg) returned a config without the key 'adaptation.adapters.activation' (129 "
+        "missing): start "
+        "from stackft_jax.config.defaults.get_config()",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_FILES))
+def test_a_config_file_that_does_not_load_is_one_line(tmp_path, case):
+    text, status, message = BROKEN_FILES[case]
+    config_file = tmp_path / f"{case}.py"
+    config_file.write_text(text)
+    proc = _command("stackft_jax.main", f"--config={config_file}", f"--workdir={tmp_path / 'run'}")
+    _refused(proc, status, f"{config_file}{message}", tmp_path / "run")
+
+
+def test_a_config_file_built_on_another_names_the_typo_and_its_line(tmp_path):
+    config_file = tmp_path / "on_tiny.py"
+    config_file.write_text(
+        "from configs import tiny\n\n\ndef get_config(arg=None):\n    c = tiny.get_config(arg)\n"
+        "    c.phase1.learnig_rate = 0.1\n    return c\n"
+    )
+    proc = _command("stackft_jax.main", f"--config={config_file}", f"--workdir={tmp_path / 'run'}")
+    message = "config key 'phase1.learnig_rate' does not exist; did you mean 'phase1.learning_rate'?"
+    _refused(proc, 2, f"{config_file}:6: {message}", tmp_path / "run")
+
+
+def test_an_error_in_an_imported_config_file_names_that_file(tmp_path):
+    (tmp_path / "base_h47.py").write_text(_ON_DEFAULTS + "    return defaults.get_config(arg)\n")
+    config_file = tmp_path / "derived.py"
+    config_file.write_text(
+        f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nimport base_h47\n\n\n"
+        "def get_config(arg=None):\n    return base_h47.get_config(arg)\n"
+    )
+    proc = _command("stackft_jax.main", f"--config={config_file}", f"--workdir={tmp_path / 'run'}")
+    message = "TypeError: get_config() takes 0 positional arguments but 1 was given"
+    _refused(proc, 1, f"{tmp_path / 'base_h47.py'}:5: {message}", tmp_path / "run")
+
+
+def test_a_data_file_given_as_config_is_one_line():
+    data = REPO / "tests" / "fixtures" / "qqp" / "train.tsv"
+    for module in ("stackft_jax.main", "stackft_jax.experiment"):
+        proc = _command(module, f"--config={data}", "--workdir=/nonexistent/h47/run")
+        message = (
+            f"--config={data}: {data} is no config file: give a Python file with get_config(arg) "
+            "(FILE.py), or a run's config.json or results.json"
+        )
+        _refused(proc, 1, message, Path("/nonexistent/h47/run"))
+
+
+def test_a_grid_config_file_that_does_not_load_is_one_line(tmp_path):
+    config_file = tmp_path / "grid.py"
+    config_file.write_text(
+        "import ml_collections\n\n\ndef get_config(arg=None):\n    c = ml_collections.ConfigDict()\n"
+        "    c.base = 'configs/tiny.py'\n    c.num_seeds = 1 / 0\n    return c\n"
+    )
+    proc = _command("stackft_jax.experiment", f"--config={config_file}", f"--workdir={tmp_path / 'grid'}")
+    _refused(proc, 1, f"{config_file}:7: ZeroDivisionError: division by zero", tmp_path / "grid")
