@@ -3,6 +3,7 @@ file and line, through the real command lines; keys that cannot mean anything ar
 work; every committed run and grid still loads."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -140,3 +141,82 @@ def test_a_grid_config_file_that_does_not_load_is_one_line(tmp_path):
     )
     proc = _command("stackft_jax.experiment", f"--config={config_file}", f"--workdir={tmp_path / 'grid'}")
     _refused(proc, 1, f"{config_file}:7: ZeroDivisionError: division by zero", tmp_path / "grid")
+
+
+# Keys that cannot mean anything, refused whether the strategy reads them or not (tiny.py runs
+# stack_and_finetune: no adaptation kind, a phase-2 without a gap rule).
+MEANINGLESS = {
+    "adaptation.lora.alpha=0": "adaptation.lora.alpha=0.0: a positive number (the update's scale)",
+    "adaptation.lora.alpha=-16": "adaptation.lora.alpha=-16.0: a positive number (the update's scale)",
+    "adaptation.lora.rank=0": "adaptation.lora.rank=0: a positive integer",
+    "adaptation.lora.targets=query|vlaue": (
+        "adaptation.lora.targets='query|vlaue': its alternative 'vlaue' fullmatches none of the "
+        "projections query, key, value, attention_output, intermediate, output"
+    ),
+    "adaptation.adapters.bottleneck=-4": "adaptation.adapters.bottleneck=-4: a positive integer",
+    "strategy=finetune_only,phase1.gap_metric=bogus": (
+        "config.phase1.gap_metric='bogus': data.task='qqp' scores ['accuracy', 'f1']; choose one of "
+        "those, or '' for its primary one"
+    ),
+    "seed=4294967296": "config.seed=4294967296: choose a seed of at most 2**31 - 1 (2147483647)",
+    "head.cls_mlp.hidden_dim=-3": "config.head.cls_mlp.hidden_dim=-3: a size or count, at least 1",
+    "head.esim.lstm_units=0": "config.head.esim.lstm_units=0: a size or count, at least 1",
+    "head.token_mlp.lstm_layers=-1": (
+        "config.head.token_mlp.lstm_layers=-1: a size or count, 0 or more (0: none)"
+    ),
+    "model.config_overrides.num_attention_heads=-4": (
+        "config.model.config_overrides.num_attention_heads=-4: a size or count, 0 or more (0: config.json's)"
+    ),
+}
+
+
+@pytest.mark.parametrize("item", sorted(MEANINGLESS))
+def test_a_key_that_cannot_mean_anything_is_refused_before_any_work(tmp_path, item):
+    from configs import tiny
+    from stackft_jax.config import spec
+    from stackft_jax.runtime.cli_errors import ConfigError
+
+    with pytest.raises(ConfigError) as error:
+        spec.resolve(tiny.get_config(item))
+    assert str(error.value) == MEANINGLESS[item]
+
+
+def test_meaningless_keys_through_the_command_line(tmp_path):
+    for item in ("adaptation.lora.alpha=0", "adaptation.lora.targets=query|vlaue", "seed=4294967296"):
+        workdir = tmp_path / item.split("=")[0]
+        proc = _command(
+            "stackft_jax.main", "--config=configs/tiny.py", f"--config.{item}", f"--workdir={workdir}"
+        )
+        _refused(proc, 2, MEANINGLESS[item], workdir)
+
+
+@pytest.mark.parametrize(
+    ("targets", "alternative"),
+    [
+        ("(query|vlaue)", "vlaue"),
+        ("(?:query|kye)|value", "kye"),
+        ("query|(attention_)?outptu", "(attention_)?outptu"),
+        ("intermediate|attention_(output|input)", "input"),
+    ],
+)
+def test_every_alternative_of_lora_targets_names_a_projection(targets, alternative):
+    from stackft_jax.models.adaptation import LoraSettings
+    from stackft_jax.runtime.cli_errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(f"its alternative '{alternative}' fullmatches none")):
+        LoraSettings(rank=8, alpha=16.0, dropout=0.0, targets=targets)
+    for good in ("query|value", ".*", "query|key|value|attention_output", "intermediate|(attention_)?output"):
+        assert LoraSettings(rank=8, alpha=16.0, dropout=0.0, targets=good).projections
+
+
+def test_every_committed_run_still_loads_as_its_rerun_does(monkeypatch):
+    """`--config=RUN/config.json` (config_cli.load, then spec.resolve) for every run under docs/grids:
+    the new checks refuse none of them (their data files aside, which live outside the repository)."""
+    from stackft_jax.config import config_cli, spec
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(spec, "check_files_exist", lambda run_spec: None)
+    records = sorted(REPO.glob("docs/grids/*/runs/*/config.json"))
+    assert len(records) >= 400
+    for record in records:
+        spec.resolve(config_cli.load(str(record), kind="run"))

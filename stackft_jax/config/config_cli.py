@@ -200,7 +200,7 @@ def load(spec: str, overrides: Sequence[str] = (), *, kind: str | None = None) -
     """`FILE.py[:arg]` plus `KEY=VALUE` overrides -> the locked config (a typo is then an error).
     `kind` ("run" or "grid"): the config the command takes; a file of the other kind is refused.
     FILE may also be a run's recorded `config.json` or `results.json` (recorded_run_config)."""
-    path, _, arg = spec.partition(":")
+    path, arg = _split_spec(spec)
     if not Path(path).is_file():
         raise ConfigError(f"--config={spec}: no config file {path!r}")
     if any("," in item for item in overrides):
@@ -245,6 +245,17 @@ def load(spec: str, overrides: Sequence[str] = (), *, kind: str | None = None) -
     _check_applied(config, path, items)
     config.lock()
     return config
+
+
+def _split_spec(spec: str) -> tuple[str, str]:
+    """`FILE[:arg]` as (FILE, arg): FILE is the longest prefix ending before a `:` that is a file (a run
+    folder's name may hold a colon: `...@matched_flops:stack_and_finetune-...-seed0/config.json`)."""
+    cuts = [len(spec), *(i for i in range(len(spec) - 1, -1, -1) if spec[i] == ":")]
+    for cut in cuts:
+        if Path(spec[:cut]).is_file():
+            return spec[:cut], spec[cut + 1 :]
+    path, _, arg = spec.partition(":")
+    return path, arg
 
 
 def _import(path: str) -> Any:

@@ -14,13 +14,14 @@ No backend starts here: the encoder's shape is read with an abstract model (nnx.
 
 import dataclasses
 import functools
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import ml_collections
 
-from stackft_jax.config import config_cli, phases
+from stackft_jax.config import config_cli, defaults, phases
 from stackft_jax.data import task_spec, tasks
 from stackft_jax.data.task_spec import TaskSpec
 from stackft_jax.models import adaptation as adaptation_kinds
@@ -34,6 +35,7 @@ MODEL_INITS = ("pretrained", "random")
 MODEL_DTYPES = ("float32", "bfloat16")
 # The shortest max_seq_length that leaves room for text: [CLS] a [SEP] b [SEP] takes 3 special tokens.
 MIN_SEQ_LENGTH = 8
+MAX_SEED = 2**31 - 1
 _POSITIVE = (
     "log_every_steps",
     "eval_every_steps",
@@ -139,7 +141,9 @@ def resolve(
     schedule, an inert gap rule) are left out: its run went on without them. `encoder`: the encoder's
     shape when the caller has it (else read from the model's config.json, downloaded for a hub id)."""
     _check_options(config)
+    adaptation_kinds.check_options(config.adaptation.to_dict())  # every kind's, used or not
     task = _task(config)
+    _check_gap_metrics(config, task)
     head = _head(config, task)
     if not recorded:
         _check_aliases(config)
@@ -230,6 +234,13 @@ def _check_options(config: ml_collections.ConfigDict) -> None:
         )
     if config.seed < 0:
         raise ConfigError(f"config.seed={config.seed}: choose a seed of 0 or more")
+    if config.seed > MAX_SEED:  # numpy's legacy RandomState and a 32-bit jax key take no more
+        raise ConfigError(f"config.seed={config.seed}: choose a seed of at most 2**31 - 1 ({MAX_SEED})")
+    for key, zero_means in _sizes().items():
+        value = _lookup(config, key)
+        if value < 0 or (value == 0 and not zero_means):
+            least = f"0 or more ({zero_means})" if zero_means else "at least 1"
+            raise ConfigError(f"config.{key}={value}: a size or count, {least}")
     if config.max_grad_norm < 0:  # 0 is the documented "off"; a negative norm would silently be off too
         raise ConfigError(
             f"config.max_grad_norm={config.max_grad_norm}: a norm of 0 or more (0 turns clipping off)"
@@ -255,6 +266,30 @@ def _check_options(config: ml_collections.ConfigDict) -> None:
         )
 
 
+@functools.cache
+def _sizes() -> dict[str, str]:
+    """{key: what 0 means, "" when nothing} for every integer of the heads' blocks and of
+    `model.config_overrides`: widths, units, layer and head counts. Each is checked wherever it is set,
+    whether the chosen head reads it or not; 0 only where its comment gives it a meaning ("0: none")."""
+    reference = defaults.get_config()
+    comments = config_cli.key_comments()
+    sizes = {}
+    for key in config_cli.flat_keys(reference):
+        if not key.startswith(("head.", "model.config_overrides.")):
+            continue
+        value = _lookup(reference, key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            zero = re.search(r"\b0: ([^;]+)", comments.get(key, ""))
+            sizes[key] = f"0: {zero[1]}" if zero else ""
+    return sizes
+
+
+def _lookup(config: ml_collections.ConfigDict, key: str) -> Any:
+    for part in key.split("."):
+        config = config[part]
+    return config
+
+
 def _task(config: ml_collections.ConfigDict) -> TaskSpec:
     try:
         task = tasks.get_task(config.data.task)
@@ -275,6 +310,20 @@ def _task(config: ml_collections.ConfigDict) -> TaskSpec:
             f"has none ({task.objective.name})"
         )
     return task
+
+
+def _check_gap_metrics(config: ml_collections.ConfigDict, task: TaskSpec) -> None:
+    """A `gap_metric` the task does not score is refused wherever it is set, whether a gap rule reads it
+    or not ("": the task's primary metric)."""
+    blocks = [(f"config.{alias}", config[alias]) for alias in phases.ALIASES]
+    blocks += [(f"config.phases[{i}]", block) for i, block in enumerate(config.phases)]
+    for where, block in blocks:
+        metric = block.get("gap_metric", "")
+        if metric and metric not in task.metrics:
+            raise ConfigError(
+                f"{where}.gap_metric={metric!r}: data.task={task.name!r} scores {list(task.metrics)}; "
+                "choose one of those, or '' for its primary one"
+            )
 
 
 def _head(config: ml_collections.ConfigDict, task: TaskSpec) -> ml_collections.ConfigDict:

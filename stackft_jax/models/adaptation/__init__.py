@@ -33,6 +33,7 @@ __all__ = [
     "AdapterSettings",
     "EncoderAdaptation",
     "LoraSettings",
+    "check_options",
     "default_adaptation_configs",
     "encoder_adaptation",
     "option_sources",
@@ -48,6 +49,14 @@ KINDS: dict[str, AdaptationKind] = {
 def default_adaptation_configs() -> ml_collections.ConfigDict:
     """One block of options per kind, e.g. `config.adaptation.lora.rank`."""
     return ml_collections.ConfigDict({name: dict(kind.options) for name, kind in KINDS.items()})
+
+
+def check_options(options: Mapping[str, Mapping[str, Any]]) -> None:
+    """Every kind's options (`config.adaptation`), whether a phase uses the kind or not: a value that cannot
+    mean anything (lora.rank=0, lora.alpha=0, a `targets` alternative naming no projection) is refused
+    wherever it is set, so that a later strategy that reads it does not meet it first (ConfigError)."""
+    for name, kind in KINDS.items():
+        kind.encoder_settings(kind.resolve(options.get(name)))
 
 
 def option_sources() -> dict[str, Path]:

@@ -46,6 +46,10 @@ class LoraSettings:
     def __post_init__(self):
         if not isinstance(self.rank, int) or self.rank < 1:
             raise ConfigError(f"adaptation.lora.rank={self.rank!r}: a positive integer")
+        # alpha 0 scales every update to zero (lora_b's gradient is zero too: nothing trains); a negative
+        # alpha is the same model as a positive one with A's sign flipped, never what was meant.
+        if not self.alpha > 0:
+            raise ConfigError(f"adaptation.lora.alpha={self.alpha!r}: a positive number (the update's scale)")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"adaptation.lora.dropout={self.dropout!r}: in [0, 1)")
         try:
@@ -57,6 +61,13 @@ class LoraSettings:
                 f"adaptation.lora.targets={self.targets!r} fullmatches none of the projections "
                 f"{', '.join(PROJECTIONS)}"
             )
+        # `query|vlaue` fullmatches query: the typo would drop the value projection without a word.
+        for alternative, alone in _alternatives(self.targets):
+            if not any(re.fullmatch(alone, name) for name in PROJECTIONS):
+                raise ConfigError(
+                    f"adaptation.lora.targets={self.targets!r}: its alternative {alternative!r} fullmatches "
+                    f"none of the projections {', '.join(PROJECTIONS)}"
+                )
 
     @property
     def scale(self) -> float:
@@ -66,6 +77,53 @@ class LoraSettings:
     def projections(self) -> tuple[str, ...]:
         """The targeted projections' names, in `PROJECTIONS` order."""
         return tuple(name for name in PROJECTIONS if re.fullmatch(self.targets, name))
+
+
+def _alternatives(pattern: str) -> list[tuple[str, str]]:
+    """(alternative, `pattern` with that alternative alone in its place) for every `|` alternative of
+    `pattern`, at the top level and inside groups; an enclosing group keeps only its alternative that holds
+    it (`(query|key)|value`: `query` alone is `(query)`). A character class's `|` is a character."""
+    # Per group: [content start, content end, positions of its `|`, the enclosing group's index].
+    groups: list[list] = [[0, len(pattern), [], None]]
+    open_groups, i, in_class = [0], 0, False
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+            i += 2 if pattern[i + 1 : i + 2] == "^" else 1
+            i += pattern[i : i + 1] == "]"  # `[]...]`, `[^]...]`: a literal ] first
+            continue
+        elif char == "(":
+            prefix = re.match(r"\?(:|P<\w+>|[=!]|<[=!]|[aiLmsux-]+:)", pattern[i + 1 :])
+            groups.append([i + 1 + (prefix.end() if prefix else 0), None, [], open_groups[-1]])
+            open_groups.append(len(groups) - 1)
+        elif char == ")" and len(open_groups) > 1:
+            groups[open_groups.pop()][1] = i
+        elif char == "|":
+            groups[open_groups[-1]][2].append(i)
+        i += 1
+    found = []
+    for start, end, bars, parent in groups:
+        if end is None:  # unbalanced: re.compile has refused it already
+            continue
+        bounds = [start - 1, *bars, end]
+        for left, right in zip(bounds, bounds[1:], strict=False) if bars else ():
+            alternative = text = pattern[left + 1 : right]
+            inner, up = (start, end), parent
+            while up is not None:  # each enclosing group: only its alternative that holds this one
+                outer_start, outer_end, outer_bars, up_next = groups[up]
+                edges = [outer_start - 1, *outer_bars, outer_end]
+                seg_left = max(e for e in edges if e < inner[0])
+                seg_right = min(e for e in edges if e >= inner[1])
+                text = pattern[seg_left + 1 : inner[0]] + text + pattern[inner[1] : seg_right]
+                inner, up = (outer_start, outer_end), up_next
+            found.append((alternative, text))
+    return found
 
 
 def projection_shape(name: str, hidden: int, intermediate: int) -> tuple[int, int]:
