@@ -2,6 +2,7 @@
 file and line, through the real command lines; keys that cannot mean anything are refused before any
 work; every committed run and grid still loads."""
 
+import json
 import os
 import re
 import subprocess
@@ -220,3 +221,84 @@ def test_every_committed_run_still_loads_as_its_rerun_does(monkeypatch):
     assert len(records) >= 400
     for record in records:
         spec.resolve(config_cli.load(str(record), kind="run"))
+
+
+_GRID_FILE = """import ml_collections
+
+
+def get_config(arg=None):
+    c = ml_collections.ConfigDict()
+    c.base = "configs/tiny.py"
+    c.axes = "strategy=finetune_only|stack_and_finetune"
+    c.num_seeds = 2
+    c.baseline = "strategy=finetune_only"
+    c.metric = "accuracy"
+    {extra}
+    return c
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            "c.comparisons = ';;;'",
+            "config key 'comparisons' = ';;;' names no comparison: write `<cell name> vs <cell name>; ...` "
+            "and/or `baseline` (the default)",
+        ),
+        ("c.comparisons = ''", "config key 'comparisons' = '' names no comparison"),
+        ("c.num_seed = 3", "config key 'num_seed' does not exist; did you mean 'num_seeds'?"),
+        ("c.paper_result = ''", "config key 'paper_result' does not exist; did you mean 'paper_results'?"),
+    ],
+)
+def test_a_grid_config_that_cannot_mean_anything_is_refused_before_any_run(tmp_path, extra, message):
+    config_file = tmp_path / "grid.py"
+    config_file.write_text(_GRID_FILE.format(extra=extra))
+    proc = _command("stackft_jax.experiment", f"--config={config_file}", f"--workdir={tmp_path / 'grid'}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {message}"), proc.stderr
+    assert not (tmp_path / "grid").exists()
+
+
+def _finished_run(workdir: Path, run, dev: dict[str, float]) -> None:
+    """A finished run's files as train.run writes them (results.json, dev predictions, metrics.jsonl)."""
+    from stackft_jax.training import prediction_files
+
+    run_dir = workdir / "runs" / run.name
+    run_dir.mkdir(parents=True)
+    results = {"final": {"dev": dev}, "final_params": "last", "phases": [{"phase": "phase2", "steps": 2}]}
+    (run_dir / "results.json").write_text(json.dumps(results))
+    records = [{"key": f"ex{i}", "prediction": 1, "label": 1, "probabilities": [0.0, 1.0]} for i in range(2)]
+    prediction_files.write(prediction_files.path(run_dir, "dev"), records)
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"split": "dev", "global_step": 2, **dev}) + "\n")
+
+
+def test_a_loss_grid_reports_a_lower_loss_as_a_gain(tmp_path):
+    import ml_collections
+
+    from stackft_jax.experiments import cells, grid_report, markdown
+
+    g = ml_collections.ConfigDict(
+        {
+            "base": "configs/tiny.py",
+            "axes": "strategy=finetune_only|stack_and_finetune",
+            "num_seeds": 3,
+            "baseline": "strategy=finetune_only",
+            "metric": "loss",
+            "ensembles": "",
+        }
+    )
+    loss = {"finetune_only": [0.50, 0.52, 0.51], "stack_and_finetune": [0.40, 0.41, 0.43]}
+    for run in cells.runs_of(g):
+        _finished_run(tmp_path, run, {"accuracy": 0.5, "loss": loss[run.cell[0][1]][run.seed]})
+    (row,) = grid_report.comparisons(grid_report.load_runs(g, tmp_path), g, aso_iterations=50)
+    assert row["name"] == "strategy=stack_and_finetune" and row["versus"] == "strategy=finetune_only"
+    assert row["per_seed"] == pytest.approx([0.10, 0.11, 0.08])  # the baseline's loss minus the cell's
+    assert row["t_interval"]["ci_low"] > 0 and row["aso_epsilon"] < 0.5  # the cell is the better one
+    assert (
+        "`vs` minus cell (lower loss is better: a positive difference is a gain)"
+        in markdown._comparison_lines(
+            g, {"comparisons": [], "objective": "classification", "statistics": {"equivalence_margin": 0.01}}
+        )[0]
+    )
+    assert cells.gain_sign("accuracy") == 1.0 and cells.gain_sign("loss") == -1.0

@@ -5,6 +5,7 @@ config or starts jax (grid.py runs the cells, report.py reads them back).
 """
 
 import dataclasses
+import difflib
 import itertools
 import math
 import re
@@ -162,6 +163,16 @@ def ensembles_of(grid: ml_collections.ConfigDict) -> list[Ensemble]:
     return ensembles
 
 
+# The metrics where lower is better (results.json's `final.dev.loss`); every task metric is higher-better.
+LOWER_IS_BETTER = ("loss",)
+
+
+def gain_sign(metric: str) -> float:
+    """+1, or -1 where lower `metric` is better: a comparison's difference is `gain_sign * (cell - vs)`,
+    so a positive difference is a gain whichever way the metric points."""
+    return -1.0 if metric in LOWER_IS_BETTER else 1.0
+
+
 @dataclasses.dataclass(frozen=True)
 class ReportSettings:
     """The grid's report-only statistics keys, defaults filled in."""
@@ -191,8 +202,29 @@ def report_settings(grid: ml_collections.ConfigDict) -> ReportSettings:
 GRID_SET_KEYS = ("seed",)
 
 
+# The keys experiment.py reads from a grid config. A grid file may hold keys of its own that its
+# get_config derives these from (peters_glue.py's `task`, `scale`), so only a near miss is refused.
+GRID_KEYS = (
+    "base",
+    "axes",
+    "num_seeds",
+    "baseline",
+    "metric",
+    "ensembles",
+    "matched",
+    "comparisons",
+    "paper_results",
+    "equivalence_margin",
+    "bootstrap_samples",
+)
+
+
 def check_grid(grid: ml_collections.ConfigDict) -> None:
-    """The grid's own keys (not its cells'): seed count, axes over keys the grid sets."""
+    """The grid's own keys (not its cells'): a misspelt key, seed count, axes over keys the grid sets."""
+    for key in grid:
+        close = difflib.get_close_matches(key, GRID_KEYS, n=1, cutoff=0.8)
+        if key not in GRID_KEYS and close:
+            raise ConfigError(f"config key '{key}' does not exist; did you mean '{close[0]}'?")
     if grid.num_seeds < 1:
         raise ConfigError(f"config key 'num_seeds' = {grid.num_seeds}: run at least 1 seed")
     report_settings(grid)  # report-only numbers: a bad one fails before the runs train, not at the report
@@ -237,8 +269,13 @@ def comparisons_of(grid: ml_collections.ConfigDict) -> list[Comparison]:
     key, base_value = baseline_of(grid)
     cells = _cells_by_name(grid)
     rows: dict[tuple, Comparison] = {}
-    for part in filter(str.strip, grid.get("comparisons", BASELINE_ROWS).split(";")):
-        part = part.strip()
+    parts = [part.strip() for part in grid.get("comparisons", BASELINE_ROWS).split(";") if part.strip()]
+    if not parts:  # a report without comparisons would say nothing of what the grid was run for
+        raise ConfigError(
+            f"config key 'comparisons' = {grid.comparisons!r} names no comparison: write "
+            f"`<cell name> vs <cell name>; ...` and/or `{BASELINE_ROWS}` (the default)"
+        )
+    for part in parts:
         if part == BASELINE_ROWS:
             for cell in cells.values():
                 if dict(cell)[key] != base_value:

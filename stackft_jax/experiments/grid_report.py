@@ -62,6 +62,7 @@ from stackft_jax.experiments.cells import (
     Run,
     comparisons_of,
     ensembles_of,
+    gain_sign,
     paper_results,
     report_settings,
     runs_of,
@@ -493,7 +494,7 @@ def _split_statistics(
     ]
     if not scores or any(a is None or b is None for a, b in scores):
         return None
-    differences = [a - b for a, b in scores]
+    differences = [gain_sign(grid.metric) * (a - b) for a, b in scores]
     return {"per_seed": differences, "mean_difference": statistics.mean(differences),
             "t_interval": array_statistics.t_interval(differences)}  # fmt: skip
 
@@ -526,8 +527,9 @@ def comparisons(
             continue
         ours_runs = [by_cell_seed[cell, s] for s in seeds]
         theirs_runs = [by_cell_seed[other, s] for s in seeds]
-        ours = [r.score("dev", grid.metric) for r in ours_runs]
-        theirs = [r.score("dev", grid.metric) for r in theirs_runs]
+        # Signed so that a gain is positive (a lower loss): the differences, ASO's direction.
+        ours = [gain_sign(grid.metric) * r.score("dev", grid.metric) for r in ours_runs]
+        theirs = [gain_sign(grid.metric) * r.score("dev", grid.metric) for r in theirs_runs]
         differences = [a - b for a, b in zip(ours, theirs, strict=True)]
         flagged = {"cell": _flag_counts(ours_runs, "dev"), "baseline": _flag_counts(theirs_runs, "dev")}
         row: dict[str, Any] = {

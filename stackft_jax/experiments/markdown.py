@@ -9,6 +9,7 @@ from typing import Any
 import ml_collections
 
 from stackft_jax.experiments import statistics as array_statistics
+from stackft_jax.experiments.cells import gain_sign
 from stackft_jax.models import objectives
 from stackft_jax.training import degenerate
 
@@ -114,6 +115,12 @@ def _unreachable_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _difference_order(metric: str) -> str:
+    if gain_sign(metric) < 0:
+        return f"`vs` minus cell (lower {metric} is better: a positive difference is a gain)"
+    return "cell minus `vs`"
+
+
 def _comparison_lines(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> list[str]:
     rows = report["comparisons"]
     family = {test: sum(row[f"{test}_p"] is not None for row in rows) for test in TESTS}
@@ -124,9 +131,9 @@ def _comparison_lines(grid: ml_collections.ConfigDict, report: dict[str, Any]) -
     lines = [
         f"Comparisons (grid key `comparisons`: `{grid.get('comparisons', 'baseline')}`; `baseline`: every "
         f"cell against the `{grid.baseline}` cell with the same other axis values), paired by seed; "
-        f"differences in {grid.metric} points x100, cell minus `vs`. **valid**: `no` when a run of either "
-        "cell is degenerate on dev (its flags are in the cell table): that difference is struck through and "
-        "is not a result, whatever its sign.",
+        f"differences in {grid.metric} points x100, {_difference_order(grid.metric)}. **valid**: `no` when a "
+        "run of either cell is degenerate on dev (its flags are in the cell table): that difference is "
+        "struck through and is not a result, whatever its sign.",
         "",
         "**Primary interval: the seed-level paired t-interval** (mean of the per-seed differences [95% "
         "t-interval, n-1 degrees of freedom], scipy.stats), on dev and, where the runs scored it, on test "
