@@ -302,3 +302,21 @@ def test_a_loss_grid_reports_a_lower_loss_as_a_gain(tmp_path):
         )[0]
     )
     assert cells.gain_sign("accuracy") == 1.0 and cells.gain_sign("loss") == -1.0
+
+
+def test_a_read_only_workdir_exits_1_as_the_table_says(tmp_path, monkeypatch):
+    """docs/guarantees.md: a folder without permission is exit 1 (cli_errors: a read-only folder), for a
+    workdir that exists as for one whose parent is read-only. (As root every folder is writable, so
+    the permission is taken away where train.run asks for it.)"""
+    from configs import tiny
+    from stackft_jax.runtime import cli_errors
+    from stackft_jax.training import train
+
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    monkeypatch.setattr(train.os, "access", lambda path, mode: False)
+    with pytest.raises(cli_errors.UserError) as error:
+        train.run(tiny.get_config(), workdir)
+    assert str(error.value) == f"--workdir={workdir} is not writable: the run writes its checkpoints there"
+    assert cli_errors.exit_code_of(error.value) == cli_errors.EXIT_DATA == 1
+    assert list(workdir.iterdir()) == []

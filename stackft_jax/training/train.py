@@ -20,7 +20,7 @@ from stackft_jax.config import phases, spec
 from stackft_jax.config.spec import RunSpec
 from stackft_jax.data import batching, task_spec, tokenization
 from stackft_jax.runtime import sharding, timing
-from stackft_jax.runtime.cli_errors import UsageError
+from stackft_jax.runtime.cli_errors import DataError, UsageError
 from stackft_jax.training import (
     build,
     checkpointing,
@@ -64,8 +64,8 @@ def run(
         raise UsageError(f"--workdir={workdir} is a file: a workdir is a folder (give a new path)")
     build.resolve_encoder(run_spec)  # the model folder's checks (tokenizer, positions) before any write
     workdir.mkdir(parents=True, exist_ok=True)  # a read-only parent: one line (cli_errors, PermissionError)
-    if not os.access(workdir, os.W_OK):
-        raise UsageError(f"--workdir={workdir} is not writable: the run writes its checkpoints there")
+    if not os.access(workdir, os.W_OK):  # exit 1, as a read-only parent (cli_errors: a read-only folder)
+        raise DataError(f"--workdir={workdir} is not writable: the run writes its checkpoints there")
     mesh = sharding.make_mesh()
     global_batch = sharding.global_batch_size(run_spec.per_device_batch_size, mesh)
     with workdirs.exclusive(workdir):
