@@ -165,6 +165,7 @@ MEANINGLESS = {
     "head.token_mlp.lstm_layers=-1": (
         "config.head.token_mlp.lstm_layers=-1: a size or count, 0 or more (0: none)"
     ),
+    "unfreezing.layers_per_phase=0": "config.unfreezing.layers_per_phase must be at least 1",
     "model.config_overrides.num_attention_heads=-4": (
         "config.model.config_overrides.num_attention_heads=-4: a size or count, 0 or more (0: config.json's)"
     ),

@@ -626,13 +626,13 @@ def adaptation_kinds_of(config: ml_collections.ConfigDict) -> tuple[str, ...]:
 def expand(config: ml_collections.ConfigDict, shape: EncoderShape) -> tuple[Phase, ...]:
     """The schedule as phases, checked: `config.phases`, or the preset `config.strategy` names, built for
     the encoder's real shape (its depth, its pooler, its parameters)."""
+    if config.unfreezing.layers_per_phase < 1:  # checked whether gradual_unfreezing reads it or not
+        raise ConfigError("config.unfreezing.layers_per_phase must be at least 1")
     if not config.phases:
         if config.strategy not in PRESETS:
             raise ConfigError(
                 f"config.strategy={config.strategy!r}: choose one of {STRATEGIES}, or write config.phases"
             )
-        if config.strategy == "gradual_unfreezing" and config.unfreezing.layers_per_phase < 1:
-            raise ConfigError("config.unfreezing.layers_per_phase must be at least 1")
         plan = PRESETS[config.strategy](config, shape)
     else:
         if config.strategy in PRESETS:
