@@ -283,15 +283,13 @@ def _run_config_file(path: str, function: Callable[[Any], Any], arg: Any) -> Any
 
 
 # Code that is not the user's config: the installed packages, the standard library, stackft_jax itself.
-_NOT_CONFIG_CODE = tuple(
-    {
-        str(Path(p).resolve())
-        for p in (
-            *(sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")),
-            Path(__file__).parents[1],
-        )
-    }
-)
+_NOT_CONFIG_CODE = [
+    Path(p).resolve()
+    for p in (
+        *(sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")),
+        Path(__file__).parents[1],
+    )
+]
 
 
 def _where(error: BaseException, path: str) -> str:
@@ -303,7 +301,7 @@ def _where(error: BaseException, path: str) -> str:
         frame
         for frame in traceback.extract_tb(error.__traceback__)
         if not frame.filename.startswith("<")
-        and not str(Path(frame.filename).resolve()).startswith(_NOT_CONFIG_CODE)
+        and not any(Path(frame.filename).resolve().is_relative_to(root) for root in _NOT_CONFIG_CODE)
     ]
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else path
 
