@@ -234,7 +234,7 @@ def _check_options(config: ml_collections.ConfigDict) -> None:
         )
     if config.seed < 0:
         raise ConfigError(f"config.seed={config.seed}: choose a seed of 0 or more")
-    if config.seed > MAX_SEED:  # numpy's legacy RandomState and a 32-bit jax key take no more
+    if config.seed > MAX_SEED:  # the dropout key is made under jit from an int32 seed (training/loop.py)
         raise ConfigError(f"config.seed={config.seed}: choose a seed of at most 2**31 - 1 ({MAX_SEED})")
     for key, zero_means in _sizes().items():
         value = _lookup(config, key)
