@@ -40,6 +40,18 @@ def test_a_committed_stack_and_finetune_run_that_read_the_grids_cache():
     assert got["total"]["wall_seconds"] == pytest.approx(202.831, abs=1e-3)  # results.json's wall_time_s
     assert phase2["wall_seconds"] == pytest.approx(201.755, abs=1e-3)
     assert got["head_counted"] and got["seq_len"] == 48
+    # Alone, it would have built the cache over the 17,497 training pairs, or run phase 1's batches
+    # through the backbone with none; the realized cost above depends on which run built it.
+    phase2_flops = phase2["flops"]
+    own, none = got["standalone"]["own_cache"], got["standalone"]["no_cache"]
+    assert own["flops"] == pytest.approx(
+        flops.encoder_flops(MINILM, examples=17497, seq_len=48) + got["total"]["flops"]
+    )
+    assert none["flops"] == pytest.approx(
+        flops.encoder_flops(MINILM, examples=1920, seq_len=48) + 3 * _cls_mlp_flops(1920) + phase2_flops
+    )
+    assert (own["examples_forward"], none["examples_forward"]) == (17497 + 4800, 1920 + 4800)
+    assert own["optimizer_steps"] == none["optimizer_steps"] == 420
 
 
 def test_a_committed_run_that_built_the_cache_pays_one_forward_over_the_train_split():

@@ -114,7 +114,7 @@ def get_config() -> ml_collections.ConfigDict:
     # Set by a grid's matched-budget cells (`matched`, stackft_jax/experiments/budgets.py), for the
     # report; they change nothing the run computes (its phase's num_steps carries the budget).
     c.matched_budget = ml_collections.ConfigDict()
-    c.matched_budget.rule = ""  # steps | examples | flops; "": not a matched cell
+    c.matched_budget.rule = ""  # steps | examples | flops [.no_cache: that budget kind]; "": not matched
     c.matched_budget.compared = ""  # the axis value whose planned budget this run got
     c.matched_budget.budget = 0.0  # that budget in the rule's unit (steps, examples or FLOPs)
     return c

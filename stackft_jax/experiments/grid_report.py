@@ -99,9 +99,13 @@ class RunResult:
 
     @functools.cached_property  # every comparison with this run's cell asks again
     def compute_totals(self) -> dict[str, float] | None:
-        """Its training compute's totals (`total.flops`, ...: training/compute.py run_compute), or None."""
+        """Its training compute's totals (`total.flops`, ...: training/compute.py run_compute) and its
+        standalone FLOPs (`standalone.own_cache.flops`, `standalone.no_cache.flops`), or None."""
         found = compute.run_compute(self.folder)
-        return None if found is None else _numeric_leaves({"total": found["total"]})
+        if found is None:
+            return None
+        standalone = {kind: {"flops": cost["flops"]} for kind, cost in found["standalone"].items()}
+        return _numeric_leaves({"total": found["total"], "standalone": standalone})
 
     @functools.cached_property
     def _records(self) -> dict[str, list[dict[str, Any]]]:
@@ -451,7 +455,7 @@ def matched_budget_statistics(runs: list[RunResult]) -> list[dict[str, Any]]:
             {
                 "cell": dict(cell),
                 "name": members[0].run.cell_name,
-                "rule": matched.rule,
+                "rule": matched.rule_text,
                 "compared": Run(compared_cell, 0).cell_name,
                 "planned_budget": statistics.mean(float(b["budget"]) for b in recorded),
                 "steps": statistics.mean(m.results["train_steps"] for m in members),
