@@ -104,7 +104,7 @@ class RunResult:
         found = compute.run_compute(self.folder)
         if found is None:
             return None
-        standalone = {kind: {"flops": cost["flops"]} for kind, cost in found["standalone"].items()}
+        standalone = {kind: {"flops": cost["flops"]} for kind, cost in found.get("standalone", {}).items()}
         return _numeric_leaves({"total": found["total"], "standalone": standalone})
 
     @functools.cached_property
