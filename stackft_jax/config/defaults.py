@@ -73,6 +73,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.dev_file = placeholder(str)  # local file; unset: the Hugging Face dataset
     c.data.test_file = placeholder(str)  # local file, scored at the end; unset: no test split
     c.data.cache_dir = placeholder(str)  # tokenized-data cache; default ~/.cache/stackft_jax
+    # A share of train in (0, 0.5] held out for selection (the loop's evaluations, best checkpoint, stop
+    # rules, phase boundaries), so dev and test are only reported; 0: off, selection reads dev.
+    c.data.selection_fraction = 0.0
+    c.data.selection_seed = 0  # which examples the selection slice holds (the same for every run seed)
     # Word tagging: fill each window with the neighbouring sentences of the same document (unlabelled).
     c.data.document_context = False
     # yahoo_answers: its topics in label order, snake_case names joined by "+" (or "all")

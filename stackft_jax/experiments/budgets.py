@@ -130,9 +130,18 @@ def train_examples(run_spec) -> int:
     """The examples of the run's train split (what a feature-cached phase caches and an epoch holds)."""
 
     paths = {"train": run_spec.data.train_file, "dev": run_spec.data.dev_file}
-    key = (run_spec.task.name, run_spec.data.train_file, run_spec.data.dev_file, repr(run_spec.task))
+    data = run_spec.data
+    key = (run_spec.task.name, data.train_file, data.dev_file, repr(run_spec.task), data.selection_fraction)
+    key += (data.selection_seed,)
     if key not in _TRAIN_EXAMPLES:
-        _TRAIN_EXAMPLES[key] = len(task_spec.read_splits(run_spec.task, paths)["train"])
+        _TRAIN_EXAMPLES[key] = len(
+            task_spec.read_splits(
+                run_spec.task,
+                paths,
+                selection_fraction=data.selection_fraction,
+                selection_seed=data.selection_seed,
+            )["train"]
+        )
     return _TRAIN_EXAMPLES[key]
 
 
