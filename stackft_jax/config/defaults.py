@@ -67,6 +67,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.head.name = "cls_mlp"  # the task head (README: heads)
     c.head.dropout_rate = 0.1  # dropout inside the head
 
+    # > 0: the last phase's step budget (stack-and-finetune's phase 2, finetune-only's one phase),
+    # replacing its num_steps / num_epochs: a grid's budget axis (experiments/budget_curves.py); 0: off.
+    c.budget_steps = 0
     c.data = ml_collections.ConfigDict()
     c.data.task = "qqp"  # qqp | mrpc | stsb | sst2 | conll2003 | yahoo_answers (stackft_jax/data/tasks.py)
     c.data.train_file = placeholder(str)  # local file; unset: the Hugging Face dataset

@@ -207,13 +207,23 @@ def resolve(
             selection_seed=int(data.get("selection_seed", 0)),
         ),
         task=task,
-        phases=phases.expand(config, encoder),
+        phases=_with_budget(phases.expand(config, encoder), config.get("budget_steps", 0)),
         raw=config_cli.to_plain(config),
     )
     if not recorded:
         _check_rules_apply(spec)
         check_files_exist(spec)
     return spec
+
+
+def _with_budget(plan: tuple[phases.Phase, ...], budget_steps: int) -> tuple[phases.Phase, ...]:
+    """`budget_steps` > 0 sets the last phase's step budget (a grid's budget axis: learning curves);
+    0 leaves every phase's own."""
+    if not isinstance(budget_steps, int) or budget_steps < 0:
+        raise ConfigError(f"config key 'budget_steps' = {budget_steps!r}: 0 (off) or a positive step count")
+    if not budget_steps:
+        return plan
+    return (*plan[:-1], dataclasses.replace(plan[-1], num_steps=budget_steps))
 
 
 def check_files_exist(spec: RunSpec) -> None:

@@ -56,7 +56,7 @@ import scipy.stats
 
 from stackft_jax.config import phases
 from stackft_jax.data.task_spec import TaskSpec
-from stackft_jax.experiments import budgets, ensembling, figures, markdown
+from stackft_jax.experiments import budget_curves, budgets, ensembling, figures, markdown
 from stackft_jax.experiments import statistics as array_statistics
 from stackft_jax.experiments.cells import (
     Run,
@@ -597,7 +597,7 @@ def build_report(
     # Only where runs recorded them: reports of grids from before the record keep their form.
     trained = parameter_statistics(runs)
     matched = matched_budget_statistics(runs)
-    return {
+    report = {
         "grid": grid.to_dict(),
         "runs": [
             {
@@ -639,6 +639,8 @@ def build_report(
         "majority_baseline": majority,
         "majority_in_metric": floor,
     }
+    curves = budget_curves.curves(report["runs"], grid)  # a grid with a budget axis
+    return report if curves is None else {**report, "budget_curves": curves}
 
 
 def write_report(

@@ -8,6 +8,7 @@ from typing import Any
 
 import ml_collections
 
+from stackft_jax.experiments import budget_curves
 from stackft_jax.experiments import statistics as array_statistics
 from stackft_jax.models import objectives
 from stackft_jax.training import degenerate
@@ -345,6 +346,8 @@ def render(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
         lines += ["", *_parameter_lines(report)]
     if report.get("matched_budgets"):
         lines += ["", *_matched_lines(report)]
+    if report.get("budget_curves"):
+        lines += ["", *budget_curves.lines(report, grid.metric)]
     lines += _reuse_lines(report)
     if report["boundaries"]:
         floor, gap = report["majority_in_metric"], f"train_dev_gap_{metric}"
