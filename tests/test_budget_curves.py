@@ -85,3 +85,19 @@ def test_a_budget_axis_grid_with_the_selection_split_end_to_end(tmp_path):
     assert comparison["name"] == "strategy=stack_and_finetune" and comparison["test"]["n"] == 2
     text = (tmp_path / "report.md").read_text()
     assert "Learning curves (grid axis `budget_steps`" in text and "dev and test choose nothing" in text
+
+
+@pytest.mark.parametrize(
+    ("preset", "runs", "budgets"),
+    [("qqp", 180, [150, 300, 600]), ("conll", 60, [150, 300, 600]), ("yahoo", 90, [75, 150, 300])],
+)
+def test_the_learning_curve_grids_hold_out_selection_and_span_their_budgets(preset, runs, budgets):
+    g = config_cli.load(f"configs/experiments/budget_curves.py:{preset}", [], kind="grid")
+    assert budget_curves.budgets_of(g) == budgets and g.num_seeds == 5
+    cells.check_grid(g)
+    cells.comparisons_of(g)
+    found = cells.runs_of(g)
+    assert len(found) == runs
+    config = grid.run_config(g, found[-1])
+    assert config.data.selection_fraction == 0.1 and config.budget_steps == budgets[-1]
+    assert config.data.test_file  # test scored once per run
