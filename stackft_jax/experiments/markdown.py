@@ -272,8 +272,8 @@ def _matched_lines(report: dict[str, Any]) -> list[str]:
         "count at which it costs what its compared cell plans to cost when it runs alone (its whole step "
         "budgets and its own feature-cache build; a rule `<unit>.no_cache`: the same budgets with no "
         "feature cache, each frozen step running the backbone forward), fixed before either runs. In a "
-        "grid, runs that read a feature cache another run built are charged nothing for it, so the compared cell's realized cost "
-        "(the compute table) can be lower than the plan the matched cell got.",
+        "grid, runs that read a feature cache another run built are charged nothing for it, so the "
+        "compared cell's realized cost (the compute table) can be lower than the plan the matched cell got.",
         "",
         "| matched cell | rule | compared cell | its planned budget | matched steps | its realized cost |",
         "| --- | --- | --- | --- | --- | --- |",
