@@ -14,8 +14,12 @@ Not run yet (about 25 CPU-hours would be needed; see each preset's cost). Comman
 and the same with `:conll` (docs/grids/budget_curves_conll) and `:yahoo` (docs/grids/budget_curves_yahoo).
 
 Costs are estimated from the committed test grids' per-run wall times (results.json `wall_time_s`, one
-process per core of the 2-core machine at load 4-5) as a fixed part plus a part per fine-tuning step,
-and from one short run with the selection slice timed here (the presets' docstrings give both).
+process per core of the 2-core machine at load 4-5) as a fixed part plus a part per fine-tuning step.
+One short run with the selection slice, timed on 2026-11-28 on that machine at a higher load (about 8
+processes on 2 cores): QQP finetune-only cls_mlp, 60 steps (`budget_steps=60`, test grid base, slice
+0.1: 15,747 pairs left to train, 1,750 to select on), 720 s of wall time: 491 s for the phase (130 s of
+it compiling the train step, then 3-5 s per step) and about 100 s per 3,000-pair evaluation pass (dev,
+test). At that load the estimates below about double; "No wasted tokens" batching should cut them.
 """
 
 import ml_collections
