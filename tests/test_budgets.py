@@ -72,12 +72,37 @@ def test_step_counts_by_each_rule_on_the_qqp_preset():
         assert "matched_budget" not in spec.binding_form(spec.resolve(config))["config"]
 
 
+def test_the_no_cache_budget_charges_phase_one_its_batches_not_the_train_split():
+    """QQP test, stack-and-finetune alone without a cache: phase 1's 120 steps run the backbone forward
+    over their 120 x 16 pairs per device instead of over the 17,497 training pairs."""
+    batch = 16 * jax.device_count()
+    minilm = bert.BertConfig.from_pretrained(bert.resolve_model_dir("embedded:minilm"))
+
+    def encoder(n):
+        return flops.encoder_flops(minilm, examples=n, seq_len=48)
+
+    def head(n):
+        return n * 2 * (384 * 256 + 256 * 2)
+
+    budget = encoder(120 * batch) + 3 * head(120 * batch) + 3 * (encoder(300 * batch) + head(300 * batch))
+    label = "finetune_only@matched_flops.no_cache:stack_and_finetune"
+    g = _load(QQP_TEST, matched=f"strategy={label}")
+    run = next(r for r in cells.runs_of(g) if r.matched is not None)
+    assert run.name == f"strategy={label}-name=cls_mlp-seed0"
+    config = grid.run_config(g, run)
+    assert config.matched_budget.rule == "flops.no_cache"
+    assert config.matched_budget.budget == pytest.approx(budget)
+    assert config.phase2.num_steps == math.ceil(budget / (3 * (encoder(batch) + head(batch))))
+
+
 @pytest.mark.parametrize(
     ("matched", "message"),
     [
         ("head.name=finetune_only@matched_flops:stack_and_finetune", "is not a value of axis head.name"),
         ("strategy=finetune_only@matched_tokens:stack_and_finetune", "rule 'tokens'"),
-        ("strategy=finetune_only@flops:stack_and_finetune", "is not `value@matched_<rule>:compared`"),
+        ("strategy=finetune_only@flops:stack_and_finetune", "is not `value@matched_<rule>"),
+        ("strategy=finetune_only@matched_flops.cache:stack_and_finetune", "names no budget kind"),
+        ("strategy=finetune_only@matched_flops.:stack_and_finetune", "names no budget kind"),
         ("strategy=finetune_only@matched_flops:finetune_only", "matched to itself"),
         ("seed=finetune_only@matched_flops:stack_and_finetune", "with key an axis"),
         ("strategy=stack_and_finetune@matched_steps:finetune_only", "trains phases"),

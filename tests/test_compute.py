@@ -40,6 +40,18 @@ def test_a_committed_stack_and_finetune_run_that_read_the_grids_cache():
     assert got["total"]["wall_seconds"] == pytest.approx(202.831, abs=1e-3)  # results.json's wall_time_s
     assert phase2["wall_seconds"] == pytest.approx(201.755, abs=1e-3)
     assert got["head_counted"] and got["seq_len"] == 48
+    # Alone, it would have built the cache over the 17,497 training pairs, or run phase 1's batches
+    # through the backbone with none; the realized cost above depends on which run built it.
+    phase2_flops = phase2["flops"]
+    own, none = got["standalone"]["own_cache"], got["standalone"]["no_cache"]
+    assert own["flops"] == pytest.approx(
+        flops.encoder_flops(MINILM, examples=17497, seq_len=48) + got["total"]["flops"]
+    )
+    assert none["flops"] == pytest.approx(
+        flops.encoder_flops(MINILM, examples=1920, seq_len=48) + 3 * _cls_mlp_flops(1920) + phase2_flops
+    )
+    assert (own["examples_forward"], none["examples_forward"]) == (17497 + 4800, 1920 + 4800)
+    assert own["optimizer_steps"] == none["optimizer_steps"] == 420
 
 
 def test_a_committed_run_that_built_the_cache_pays_one_forward_over_the_train_split():
@@ -56,8 +68,13 @@ def test_a_frozen_phase_without_a_cache_runs_the_backbone_forward_every_step():
     phase1 = got["phases"][0]
     assert phase1["feature_cache"] is None and not phase1["trains_backbone"]
     assert (phase1["examples_forward"], phase1["examples_backward"]) == (120 * 16, 0)
-    assert not got["head_counted"]  # BiMPM: the encoder alone
-    assert phase1["flops"] == pytest.approx(flops.encoder_flops(MINILM, examples=1920, seq_len=48))
+    assert got["head_counted"]  # BiMPM, forward and backward over every batch
+    run_dir = REPO / "docs/grids/phase1_dropout_small/runs/recipe=dropout-seed1"
+    config = json.loads((run_dir / "config.json").read_text())
+    head = flops.head_flops(config["config"]["head"], hidden=MINILM.hidden_size, outputs=2, seq_len=48)
+    assert head > 0
+    encoder = flops.encoder_flops(MINILM, examples=1920, seq_len=48)
+    assert phase1["flops"] == pytest.approx(encoder + 3 * 1920 * head)
 
 
 def test_finetune_only_and_an_unfinished_run(tmp_path):
@@ -75,18 +92,17 @@ def test_every_committed_run_is_accounted(folder):
         got = run_compute(run_dir)
         results = json.loads((run_dir / "results.json").read_text())
         assert got["total"]["optimizer_steps"] == results["train_steps"], run_dir
-        # Nothing counted only where the backbone never ran (a stack-only run that read the grid's cache)
-        # under a head models/flops.py does not count.
-        total = got["total"]
-        assert total["flops"] > 0 or (total["examples_forward"] == 0 and not got["head_counted"])
+        # Every head counts: a run that trained steps cost FLOPs, even one that read the grid's cache.
+        assert got["head_counted"] and got["total"]["flops"] > 0, run_dir
 
 
-def test_head_flops_are_counted_for_the_light_heads_only():
+def test_head_flops_on_hand_checked_light_heads():
     head = {"name": "cls_mlp", "cls_mlp": {"hidden_dim": 8}}
     assert flops.head_flops(head, hidden=4, outputs=3, seq_len=10) == 2 * (4 * 8 + 8 * 3)
     tagger = {"name": "token_mlp", "token_mlp": {"hidden_dim": 0, "lstm_layers": 0, "crf": False}}
-    assert flops.head_flops(tagger, hidden=4, outputs=3, seq_len=10) == 10 * 2 * 4 * 3
-    assert flops.head_flops({"name": "bimpm", "bimpm": {}}, hidden=4, outputs=3, seq_len=10) is None
+    # 8 word slots: [CLS] and [SEP] carry no word
+    assert flops.head_flops(tagger, hidden=4, outputs=3, seq_len=10) == 8 * 2 * 4 * 3
+    assert flops.head_flops({"name": "not_a_head"}, hidden=4, outputs=3, seq_len=10) is None
 
 
 def _tiny_grid(**changes):

@@ -67,12 +67,19 @@ def get_config() -> ml_collections.ConfigDict:
     c.head.name = "cls_mlp"  # the task head (README: heads)
     c.head.dropout_rate = 0.1  # dropout inside the head
 
+    # > 0: the last phase's step budget (stack-and-finetune's phase 2, finetune-only's one phase),
+    # replacing its num_steps / num_epochs: a grid's budget axis (experiments/budget_curves.py); 0: off.
+    c.budget_steps = 0
     c.data = ml_collections.ConfigDict()
     c.data.task = "qqp"  # qqp | mrpc | stsb | sst2 | conll2003 | yahoo_answers (stackft_jax/data/tasks.py)
     c.data.train_file = placeholder(str)  # local file; unset: the Hugging Face dataset
     c.data.dev_file = placeholder(str)  # local file; unset: the Hugging Face dataset
     c.data.test_file = placeholder(str)  # local file, scored at the end; unset: no test split
     c.data.cache_dir = placeholder(str)  # tokenized-data cache; default ~/.cache/stackft_jax
+    # A share of train in (0, 0.5] held out for selection (the loop's evaluations, best checkpoint, stop
+    # rules, phase boundaries), so dev and test are only reported; 0: off, selection reads dev.
+    c.data.selection_fraction = 0.0
+    c.data.selection_seed = 0  # which examples the selection slice holds (the same for every run seed)
     # Word tagging: fill each window with the neighbouring sentences of the same document (unlabelled).
     c.data.document_context = False
     # yahoo_answers: its topics in label order, snake_case names joined by "+" (or "all")
@@ -114,7 +121,7 @@ def get_config() -> ml_collections.ConfigDict:
     # Set by a grid's matched-budget cells (`matched`, stackft_jax/experiments/budgets.py), for the
     # report; they change nothing the run computes (its phase's num_steps carries the budget).
     c.matched_budget = ml_collections.ConfigDict()
-    c.matched_budget.rule = ""  # steps | examples | flops; "": not a matched cell
+    c.matched_budget.rule = ""  # steps | examples | flops [.no_cache: that budget kind]; "": not matched
     c.matched_budget.compared = ""  # the axis value whose planned budget this run got
     c.matched_budget.budget = 0.0  # that budget in the rule's unit (steps, examples or FLOPs)
     # Locked: a config file that sets a key the defaults lack (`c.phase1.num_step = 3`) fails at that

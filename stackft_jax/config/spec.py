@@ -80,6 +80,8 @@ class DataSpec:
     test_file: str | None
     cache_dir: str | None
     options: Mapping[str, Any]  # the other data.* keys (a task's own: classes, truncation, ...)
+    selection_fraction: float = 0.0  # data/task_spec.py SELECTION; a record without it: off
+    selection_seed: int = 0
 
     def file(self, split: str) -> str | None:
         return {"train": self.train_file, "dev": self.dev_file, "test": self.test_file}[split]
@@ -194,17 +196,38 @@ def resolve(
             options={
                 k: v
                 for k, v in data.items()
-                if k not in ("task", "train_file", "dev_file", "test_file", "cache_dir")
+                if k
+                not in (
+                    "task",
+                    "train_file",
+                    "dev_file",
+                    "test_file",
+                    "cache_dir",
+                    "selection_fraction",
+                    "selection_seed",
+                )
             },
+            selection_fraction=float(data.get("selection_fraction", 0.0)),
+            selection_seed=int(data.get("selection_seed", 0)),
         ),
         task=task,
-        phases=phases.expand(config, encoder),
+        phases=_with_budget(phases.expand(config, encoder), config.get("budget_steps", 0)),
         raw=config_cli.to_plain(config),
     )
     if not recorded:
         _check_rules_apply(spec)
         check_files_exist(spec)
     return spec
+
+
+def _with_budget(plan: tuple[phases.Phase, ...], budget_steps: int) -> tuple[phases.Phase, ...]:
+    """`budget_steps` > 0 sets the last phase's step budget (a grid's budget axis: learning curves);
+    0 leaves every phase's own."""
+    if not isinstance(budget_steps, int) or budget_steps < 0:
+        raise ConfigError(f"config key 'budget_steps' = {budget_steps!r}: 0 (off) or a positive step count")
+    if not budget_steps:
+        return plan
+    return (*plan[:-1], dataclasses.replace(plan[-1], num_steps=budget_steps))
 
 
 def check_files_exist(spec: RunSpec) -> None:
@@ -304,6 +327,7 @@ def _task(config: ml_collections.ConfigDict) -> TaskSpec:
                 f"{', '.join(readers)} do{'es' if len(readers) == 1 else ''}); remove it"
             )
     task = task.configure(config.data)  # the task's own data.* keys
+    task_spec.check_selection_fraction(config.data.get("selection_fraction", 0.0))
     if config.calibration.temperature and task.objective is not CLASSIFICATION:
         raise ConfigError(
             f"config.calibration.temperature=True scales class probabilities; data.task={config.data.task!r} "

@@ -25,7 +25,7 @@ import numpy as np
 
 from stackft_jax.data import batching, tokenization
 from stackft_jax.models.objectives import Objective
-from stackft_jax.runtime.cli_errors import DataError
+from stackft_jax.runtime.cli_errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -225,10 +225,64 @@ def hold_out(examples: Sequence[Any], fraction: float) -> tuple[list[Any], list[
     return [e for i, e in enumerate(examples) if i not in held], [examples[i] for i in sorted(held)]
 
 
-def read_splits(task: TaskSpec, paths: Mapping[str, str | Path | None]) -> dict[str, list[Any]]:
-    """The examples of train, dev and (only when `paths` gives a file) test. When `dev_is_held_out`,
-    dev is `hold_out(train, task.dev_fraction)` and train loses those examples."""
+# The split a run selects on (the loop's evaluations, best checkpoint, stop rules, phase boundaries) when
+# `data.selection_fraction` > 0: a slice of train, so that dev and test are only reported.
+SELECTION = "selection"
+
+
+def check_selection_fraction(fraction: float) -> None:
+    """0 (off), or a share of train in (0, 0.5]: one that leaves train at least as large as the slice."""
+    if fraction != 0 and not 0 < fraction <= 0.5:
+        raise ConfigError(
+            f"config key 'data.selection_fraction' = {fraction!r}: 0 (off) or a share of train in (0, 0.5]"
+        )
+
+
+def selection_split(datasets: Mapping[str, Any]) -> str:
+    """The split that selection reads: the selection slice where the run holds one out, else dev."""
+    return SELECTION if SELECTION in datasets else "dev"
+
+
+def hold_out_selection(examples: Sequence[Any], fraction: float, seed: int) -> tuple[list[Any], list[Any]]:
+    """(rest, selection slice): the `ceil(fraction * n)` examples whose keys, salted with `seed`, hash
+    lowest, both in file order: fixed by the seed and the file, the same for every run of a grid (every
+    strategy and training seed selects on the same examples), and disjoint from dev's hold-out, whose
+    unsalted hash picks from what remains."""
+    order = sorted(
+        range(len(examples)),
+        key=lambda i: hashlib.sha256(f"selection:{seed}:{examples[i].key}".encode()).digest(),
+    )
+    held = set(order[: math.ceil(fraction * len(examples))])
+    return [e for i, e in enumerate(examples) if i not in held], [examples[i] for i in sorted(held)]
+
+
+def read_splits(
+    task: TaskSpec,
+    paths: Mapping[str, str | Path | None],
+    *,
+    selection_fraction: float = 0.0,
+    selection_seed: int = 0,
+) -> dict[str, list[Any]]:
+    """The examples of train, dev, (only when `paths` gives a file) test and (only when
+    `selection_fraction` > 0) the selection slice. The selection slice is taken out of train first
+    (`hold_out_selection`); then, when `dev_is_held_out`, dev is `hold_out(train, task.dev_fraction)`
+    of what is left and train loses those examples too."""
     examples = {"train": read_examples(task, "train", paths.get("train"))}
+    if selection_fraction:
+        examples["train"], examples[SELECTION] = hold_out_selection(
+            examples["train"], selection_fraction, selection_seed
+        )
+        if not examples["train"] or not examples[SELECTION]:
+            raise DataError(
+                f"data.selection_fraction={selection_fraction} of {len(examples['train'])} train examples "
+                "leaves train or the selection slice empty"
+            )
+        log.info(
+            "selection: %d examples held out of train (data.selection_fraction=%s, seed %s)",
+            len(examples[SELECTION]),
+            selection_fraction,
+            selection_seed,
+        )
     if dev_is_held_out(task, paths.get("dev")):
         examples["train"], examples["dev"] = hold_out(examples["train"], task.dev_fraction)
         if not examples["train"] or not examples["dev"]:

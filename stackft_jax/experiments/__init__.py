@@ -9,6 +9,9 @@
   ensemble.py    ensembles of finished classification runs (averaged class probabilities)
   compute.py     a run's compute per phase (steps, examples through the backbone, FLOPs, wall time)
   budgets.py     matched-budget cells: a baseline given the compared strategy's steps, examples or FLOPs
+                 (its plan, or its cost without a feature cache)
+  budget_curves.py  the `budget_steps` axis: learning curves, each curve's best budget on the selection
+                 split, best-budget comparisons on test
 
 The commands are thin modules at the package top: experiment.py (`python -m stackft_jax.experiment`)
 and ensemble.py (`python -m stackft_jax.ensemble`). Nothing here trains by itself: a grid's runs are

@@ -13,8 +13,16 @@ until it costs what `compared` (same other axis values and seed) plans to cost, 
   flops     analytic FLOPs (training/compute.py: a fine-tuning step costs 3 forwards, a cached phase
             one forward over its train split plus its head steps)
 
-The compared cell's cost is `compute.planned`: its whole step budgets, its feature cache built by itself
-(no early stop, no shared cache), so the matched cell's length is fixed before either runs. The matched
+The rule may name which of the compared cell's standalone costs is the budget, "<rule>.<budget kind>":
+
+  plan      (the default, `matched_flops` = `matched_flops.plan`) its whole step budgets, its feature
+            cache built by itself over its train split (no early stop, no shared cache)
+  no_cache  its whole step budgets with no feature cache: a frozen phase runs the backbone forward over
+            each of its batches (a phase that reads fewer examples than the split holds costs less so)
+
+e.g. "strategy=finetune_only@matched_flops.no_cache:stack_and_finetune". Both are `compute.planned`'s
+(`standalone.own_cache`, `standalone.no_cache`), so the matched cell's length is fixed before either
+runs. The matched
 cell gets the smallest step count that is at least that budget. Its run config records the match
 (`matched_budget.rule`, `.compared`, `.budget` in the rule's unit, `.steps`), which the report can print;
 those keys do not bind the run (spec._NEUTRAL): it is the same run as any other of that step count.
@@ -37,7 +45,11 @@ from stackft_jax.runtime.cli_errors import ConfigError
 from stackft_jax.training import compute
 
 RULES = {"steps": "optimizer_steps", "examples": "examples_forward", "flops": "flops"}
-_MATCHED = re.compile(r"^(?P<value>[\w.+-]+)@matched_(?P<rule>\w+):(?P<compared>[\w.+-]+)$")
+# budget kind -> compute.planned's standalone accounting
+BUDGETS = {"plan": "own_cache", "no_cache": "no_cache"}
+_MATCHED = re.compile(
+    r"^(?P<value>[\w.+-]+)@matched_(?P<rule>[a-z]+)(?P<dot>\.(?P<budget>\w*))?:(?P<compared>[\w.+-]+)$"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,10 +60,16 @@ class Matched:
     value: str
     rule: str
     compared: str
+    budget: str = "plan"  # a BUDGETS kind
+
+    @property
+    def rule_text(self) -> str:
+        """The rule as written (and recorded in `matched_budget.rule`): "flops", "flops.no_cache"."""
+        return self.rule if self.budget == "plan" else f"{self.rule}.{self.budget}"
 
     @property
     def label(self) -> str:
-        return f"{self.value}@matched_{self.rule}:{self.compared}"
+        return f"{self.value}@matched_{self.rule_text}:{self.compared}"
 
 
 def parse_matched(grid: ml_collections.ConfigDict, axes: dict[str, list[str]]) -> list[Matched]:
@@ -69,12 +87,17 @@ def parse_matched(grid: ml_collections.ConfigDict, axes: dict[str, list[str]]) -
             match = _MATCHED.match(item.strip())
             if match is None:
                 raise ConfigError(
-                    f"{where}: {item.strip()!r} is not `value@matched_<rule>:compared` "
-                    f"(rule: {' | '.join(RULES)})"
+                    f"{where}: {item.strip()!r} is not `value@matched_<rule>[.<budget>]:compared` "
+                    f"(rule: {' | '.join(RULES)}; budget: {' | '.join(BUDGETS)})"
                 )
             value, rule, compared = match["value"], match["rule"], match["compared"]
             if rule not in RULES:
                 raise ConfigError(f"{where}: rule {rule!r}: choose {' | '.join(RULES)}")
+            budget = match["budget"] if match["dot"] else "plan"
+            if budget not in BUDGETS:
+                raise ConfigError(
+                    f"{where}: matched_{rule}.{budget} names no budget kind: choose {' | '.join(BUDGETS)}"
+                )
             for name in (value, compared):
                 if name not in axes[key]:
                     raise ConfigError(
@@ -82,7 +105,7 @@ def parse_matched(grid: ml_collections.ConfigDict, axes: dict[str, list[str]]) -
                     )
             if value == compared:
                 raise ConfigError(f"{where}: a cell matched to itself")
-            matched = Matched(key, value, rule, compared)
+            matched = Matched(key, value, rule, compared, budget)
             if matched in found:
                 raise ConfigError(f"{where}: {matched.label} is named twice")
             found.append(matched)
@@ -107,9 +130,18 @@ def train_examples(run_spec) -> int:
     """The examples of the run's train split (what a feature-cached phase caches and an epoch holds)."""
 
     paths = {"train": run_spec.data.train_file, "dev": run_spec.data.dev_file}
-    key = (run_spec.task.name, run_spec.data.train_file, run_spec.data.dev_file, repr(run_spec.task))
+    data = run_spec.data
+    key = (run_spec.task.name, data.train_file, data.dev_file, repr(run_spec.task), data.selection_fraction)
+    key += (data.selection_seed,)
     if key not in _TRAIN_EXAMPLES:
-        _TRAIN_EXAMPLES[key] = len(task_spec.read_splits(run_spec.task, paths)["train"])
+        _TRAIN_EXAMPLES[key] = len(
+            task_spec.read_splits(
+                run_spec.task,
+                paths,
+                selection_fraction=data.selection_fraction,
+                selection_seed=data.selection_seed,
+            )["train"]
+        )
     return _TRAIN_EXAMPLES[key]
 
 
@@ -122,7 +154,7 @@ def settings(matched: Matched, load) -> list[str]:
         run_spec = spec.resolve(load(value, extra), recorded=True)
         batch = run_spec.per_device_batch_size * jax.device_count()  # the global batch a run gets here
         planned = compute.planned(run_spec, train_examples=train_examples(run_spec), global_batch_size=batch)
-        return planned["total"][RULES[matched.rule]]
+        return planned["standalone"][BUDGETS[matched.budget]][RULES[matched.rule]]
 
     base = spec.resolve(load(matched.value, []), recorded=True)
     sources = [phase.source for phase in base.phases]
@@ -138,7 +170,7 @@ def settings(matched: Matched, load) -> list[str]:
     )
     return [
         f"{steps_key}={steps}",
-        f"matched_budget.rule={matched.rule}",
+        f"matched_budget.rule={matched.rule_text}",
         f"matched_budget.compared={matched.compared}",
         f"matched_budget.budget={budget!r}",
     ]

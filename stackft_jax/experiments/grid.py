@@ -21,7 +21,7 @@ import ml_collections
 
 from stackft_jax.config import config_cli, spec
 from stackft_jax.config.spec import RunSpec
-from stackft_jax.experiments import budgets
+from stackft_jax.experiments import budget_curves, budgets
 from stackft_jax.experiments.cells import (
     Ensemble,
     Run,
@@ -154,6 +154,7 @@ def plan_grid(
             "a run config, not a grid config (no `axes`/`base`): run it with python -m stackft_jax.main"
         )
     check_grid(grid)
+    budget_curves.budgets_of(grid)  # a budget axis: positive step counts, increasing
     runs = runs_of(grid)
     baseline_of(grid)
     ensembles = ensembles_of(grid)

@@ -56,7 +56,7 @@ import scipy.stats
 
 from stackft_jax.config import phases
 from stackft_jax.data.task_spec import TaskSpec
-from stackft_jax.experiments import budgets, ensembling, figures, markdown
+from stackft_jax.experiments import budget_curves, budgets, ensembling, figures, markdown
 from stackft_jax.experiments import statistics as array_statistics
 from stackft_jax.experiments.cells import (
     Run,
@@ -100,9 +100,13 @@ class RunResult:
 
     @functools.cached_property  # every comparison with this run's cell asks again
     def compute_totals(self) -> dict[str, float] | None:
-        """Its training compute's totals (`total.flops`, ...: training/compute.py run_compute), or None."""
+        """Its training compute's totals (`total.flops`, ...: training/compute.py run_compute) and its
+        standalone FLOPs (`standalone.own_cache.flops`, `standalone.no_cache.flops`), or None."""
         found = compute.run_compute(self.folder)
-        return None if found is None else _numeric_leaves({"total": found["total"]})
+        if found is None:
+            return None
+        standalone = {kind: {"flops": cost["flops"]} for kind, cost in found.get("standalone", {}).items()}
+        return _numeric_leaves({"total": found["total"], "standalone": standalone})
 
     @functools.cached_property
     def _records(self) -> dict[str, list[dict[str, Any]]]:
@@ -452,7 +456,7 @@ def matched_budget_statistics(runs: list[RunResult]) -> list[dict[str, Any]]:
             {
                 "cell": dict(cell),
                 "name": members[0].run.cell_name,
-                "rule": matched.rule,
+                "rule": matched.rule_text,
                 "compared": Run(compared_cell, 0).cell_name,
                 "planned_budget": statistics.mean(float(b["budget"]) for b in recorded),
                 "steps": statistics.mean(m.results["train_steps"] for m in members),
@@ -595,7 +599,7 @@ def build_report(
     # Only where runs recorded them: reports of grids from before the record keep their form.
     trained = parameter_statistics(runs)
     matched = matched_budget_statistics(runs)
-    return {
+    report = {
         "grid": grid.to_dict(),
         "runs": [
             {
@@ -637,6 +641,8 @@ def build_report(
         "majority_baseline": majority,
         "majority_in_metric": floor,
     }
+    curves = budget_curves.curves(report["runs"], grid)  # a grid with a budget axis
+    return report if curves is None else {**report, "budget_curves": curves}
 
 
 def write_report(

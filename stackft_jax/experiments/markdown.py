@@ -8,6 +8,7 @@ from typing import Any
 
 import ml_collections
 
+from stackft_jax.experiments import budget_curves
 from stackft_jax.experiments import statistics as array_statistics
 from stackft_jax.experiments.cells import gain_sign
 from stackft_jax.models import objectives
@@ -276,9 +277,10 @@ def _matched_lines(report: dict[str, Any]) -> list[str]:
     lines = [
         "Matched budgets (grid key `matched`, experiments/budgets.py): each matched cell runs the step "
         "count at which it costs what its compared cell plans to cost when it runs alone (its whole step "
-        "budgets and its own feature-cache build), fixed before either runs. In a grid, runs that read a "
-        "feature cache another run built are charged nothing for it, so the compared cell's realized cost "
-        "(the compute table) can be lower than the plan the matched cell got.",
+        "budgets and its own feature-cache build; a rule `<unit>.no_cache`: the same budgets with no "
+        "feature cache, each frozen step running the backbone forward), fixed before either runs. In a "
+        "grid, runs that read a feature cache another run built are charged nothing for it, so the "
+        "compared cell's realized cost (the compute table) can be lower than the plan the matched cell got.",
         "",
         "| matched cell | rule | compared cell | its planned budget | matched steps | its realized cost |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -352,6 +354,8 @@ def render(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
         lines += ["", *_parameter_lines(report)]
     if report.get("matched_budgets"):
         lines += ["", *_matched_lines(report)]
+    if report.get("budget_curves"):
+        lines += ["", *budget_curves.lines(report, grid.metric)]
     lines += _reuse_lines(report)
     if report["boundaries"]:
         floor, gap = report["majority_in_metric"], f"train_dev_gap_{metric}"

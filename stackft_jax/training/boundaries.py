@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from stackft_jax.data.task_spec import Split
+from stackft_jax.data.task_spec import Split, selection_split
 from stackft_jax.runtime import sharding
 from stackft_jax.training import calibration, checkpointing, evaluation, feature_cache
 
@@ -42,8 +42,9 @@ def measure(
     behaviour to it), dev expected calibration error (classification; else None) and the train/dev gap
     per metric of `metrics` (train subset minus dev). `dev`/`train`: evaluations of `params` already
     taken (else taken here, from `features` where cached; the train subset: the first `train_examples`)."""
+    selection = datasets[selection_split(datasets)]  # dev, or the selection slice
     if dev is None:
-        dev = evaluator.evaluate(params, datasets["dev"], features=features.get("dev"))
+        dev = evaluator.evaluate(params, selection, features=features.get("dev"))
     if train is None:
         train = evaluator.evaluate(
             params, datasets["train"], limit=train_examples, features=features.get("train")
@@ -51,7 +52,7 @@ def measure(
     measured = {
         "head_param_norm": _norm_on_host(params["head"]),
         "dev_ece": (
-            calibration.expected_calibration_error(*evaluation.probabilities_and_labels(datasets["dev"], dev))
+            calibration.expected_calibration_error(*evaluation.probabilities_and_labels(selection, dev))
             if "probabilities" in dev.rows
             else None
         ),

@@ -17,7 +17,12 @@ alone. A shared feature cache (a grid's WORKDIR/feature_cache) is charged to the
 others read it for nothing. New runs record which caches they built (results.json
 `phases[i].feature_cache_built`); for runs from before that, a build is read from timings.json's
 `feature_cache` seconds (builds took 17-390 s in the committed grids, opening an existing cache under
-1 s). `planned` charges every cached phase its build (the cost of the run alone). Every example counts
+1 s). So the realized cost (`total`) depends on which run of a grid built the cache; beside it, every
+run gets its standalone costs at the steps it took (`standalone`): `own_cache`, the run alone building
+its own caches (a forward over the train split it caches), and `no_cache`, the run alone with no cache
+(a frozen phase runs the backbone forward over each batch: cheaper than a cache when the phase reads
+fewer examples than the split holds). `planned` gives both at the whole step budgets (its `total` is
+`own_cache`), and experiments/budgets.py matches to either. Every example counts
 as `max_seq_length` tokens (batches pad to length buckets up to it, so this is an upper bound); the head
 counts where models/flops.py counts it (`head_counted`). A phase that trains the backbone only through an
 adaptation kind (LoRA, BitFit, adapters) runs the backbone forward and the backward's activation half
@@ -99,7 +104,10 @@ def _phase(
     cached_examples: int,
     wall_seconds: float | None,
     cache: str | None,
+    use_cache: bool = True,
 ) -> dict[str, Any]:
+    """`use_cache=False`: as if the phase ran without its feature cache (the backbone forward every
+    step), the standalone no-cache cost."""
     examples = steps * batch
     trains_backbone = run_spec.encoder.trains(phase)
     if trains_backbone and _adapted_only(phase, run_spec):
@@ -112,7 +120,7 @@ def _phase(
         forward, backward = examples, examples
         total = flops.BACKWARD_FACTOR * (model.encoder_flops(examples) + model.head_flops(examples))
     else:
-        forward = cached_examples if phase.feature_cache else examples
+        forward = cached_examples if phase.feature_cache and use_cache else examples
         total = model.encoder_flops(forward) + flops.BACKWARD_FACTOR * model.head_flops(examples)
         backward = 0
     return {
@@ -127,13 +135,51 @@ def _phase(
     }
 
 
-def _summed(per_phase: list[dict[str, Any]], model: _Model, wall_seconds: float | None) -> dict[str, Any]:
-    total = {measure: sum(p[measure] for p in per_phase) for measure in MEASURES}
+def _totals(per_phase: list[dict[str, Any]]) -> dict[str, Any]:
+    return {measure: sum(p[measure] for p in per_phase) for measure in MEASURES}
+
+
+def _summed(
+    per_phase: list[dict[str, Any]],
+    model: _Model,
+    wall_seconds: float | None,
+    standalone: dict[str, list[dict[str, Any]]],
+) -> dict[str, Any]:
     return {
         "phases": per_phase,
-        "total": {**total, "wall_seconds": wall_seconds},
+        "total": {**_totals(per_phase), "wall_seconds": wall_seconds},
+        "standalone": {kind: _totals(phases_) for kind, phases_ in standalone.items()},
         "head_counted": model.head_counted,
         "seq_len": model.seq_len,
+    }
+
+
+# The standalone costs beside the realized one: the run alone, building its own feature caches
+# (`own_cache`), or with none (`no_cache`: every frozen phase runs the backbone forward each step).
+STANDALONE = ("own_cache", "no_cache")
+
+
+def _standalone(
+    run_spec: RunSpec, model: _Model, steps: list[tuple[phases.Phase, int]], batch: int, train_examples: int
+) -> dict[str, list[dict[str, Any]]]:
+    """The phases' cost at these step counts under each of STANDALONE's accountings."""
+
+    def one(phase: phases.Phase, n: int, use_cache: bool) -> dict[str, Any]:
+        return _phase(
+            phase,
+            run_spec,
+            model,
+            steps=n,
+            batch=batch,
+            cached_examples=train_examples,
+            wall_seconds=None,
+            cache=("built" if use_cache else None) if phase.feature_cache else None,
+            use_cache=use_cache,
+        )
+
+    return {
+        "own_cache": [one(phase, n, True) for phase, n in steps],
+        "no_cache": [one(phase, n, False) for phase, n in steps],
     }
 
 
@@ -154,7 +200,7 @@ def of_results(
     blocks = {phase.name: phase for phase in run_spec.phases}
     batch = results["global_batch_size"]
     train_examples = results["data"]["num_examples"]["train"]
-    per_phase = []
+    per_phase, steps = [], []
     for record in results["phases"]:
         phase = blocks[record["phase"]]
         built = _built_train_cache(record, timings) if phase.feature_cache else None
@@ -170,10 +216,11 @@ def of_results(
                 cache=None if built is None else ("built" if built else "read"),
             )
         )
+        steps.append((phase, record["steps"]))
     wall = results.get("wall_time_s")
     if wall is None and timings is not None:
         wall = timings.get("total_s")
-    return _summed(per_phase, model, wall)
+    return _summed(per_phase, model, wall, _standalone(run_spec, model, steps, batch, train_examples))
 
 
 def run_compute(run_dir: str | Path) -> dict[str, Any] | None:
@@ -192,6 +239,8 @@ def run_compute(run_dir: str | Path) -> dict[str, Any] | None:
                     ...],
          "total": {"optimizer_steps", "examples_forward", "examples_backward", "flops": sums over
                    phases, "wall_seconds": the whole run's (set-up and final scoring included)},
+         "standalone": {"own_cache" | "no_cache": {the same four sums}},  # the run alone, at the
+                   # steps it took: building its own feature caches, or with none (module docstring)
          "head_counted": bool,  # whether `flops` includes the head (models/flops.py HEAD_FLOPS)
          "seq_len": int}        # tokens counted per example (max_seq_length)
 
@@ -212,23 +261,16 @@ def run_compute(run_dir: str | Path) -> dict[str, Any] | None:
 def planned(run_spec: RunSpec, *, train_examples: int, global_batch_size: int) -> dict[str, Any]:
     """What `run_spec` costs if every phase runs its whole step budget and builds its own feature cache
     (no early stop, no shared cache), over a train split of `train_examples` examples; `run_compute`'s
-    shape, without wall seconds."""
+    shape, without wall seconds; `standalone.no_cache` the same budgets without any feature cache."""
     model, _ = _model(run_spec)
     # Full batches, as batching.steps_per_epoch (which counts rows: a CoNLL sentence longer than
     # max_seq_length is several, so an epoch budget may plan a few steps short there).
     steps_per_epoch = max(1, train_examples // global_batch_size)
-    plan = run_spec.plan(steps_per_epoch)
-    per_phase = [
-        _phase(
-            phase,
-            run_spec,
-            model,
-            steps=phase.num_steps,
-            batch=global_batch_size,
-            cached_examples=train_examples,
-            wall_seconds=None,
-            cache="built" if phase.feature_cache else None,
-        )
-        for phase in plan
-    ]
-    return _summed(per_phase, model, None)
+    standalone = _standalone(
+        run_spec,
+        model,
+        [(phase, phase.num_steps) for phase in run_spec.plan(steps_per_epoch)],
+        global_batch_size,
+        train_examples,
+    )
+    return _summed(standalone["own_cache"], model, None, standalone)

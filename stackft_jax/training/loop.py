@@ -177,7 +177,8 @@ def feature_caches(ctx: Context, phase: phases.Phase, params) -> dict[str, featu
         limit = min(gap_examples(ctx.spec, phase), ctx.datasets["train"].num_rows)
         train = {key: value[:limit] for key, value in train.items()}
     caches = {}
-    for split, arrays in (("train", train), ("dev", ctx.datasets["dev"].arrays)):
+    selection = ctx.datasets[task_spec.selection_split(ctx.datasets)].arrays  # "dev" keys it
+    for split, arrays in (("train", train), ("dev", selection)):
         # One folder per process: hosts sharing a filesystem must not replace each other's files
         # (a shared folder is content-addressed and never replaces one).
         name = "train_subset" if split == "train" and not phase.feature_cache else split
@@ -352,9 +353,10 @@ def _evaluate(
 ) -> _Evaluated:
     """Dev, and the train subset when the phase has a gap rule; each written to metrics.jsonl."""
     with ctx.timer.phase("evaluation"):
-        dev = ctx.evaluator.evaluate(params, ctx.datasets["dev"], features=features.get("dev"))
+        selection = task_spec.selection_split(ctx.datasets)
+        dev = ctx.evaluator.evaluate(params, ctx.datasets[selection], features=features.get("dev"))
     at = {"phase": phase.name, "step": step, "global_step": global_step}
-    ctx.report.eval(**at, split="dev", metrics=dev.scores)
+    ctx.report.eval(**at, split=selection, metrics=dev.scores)
     if not phase.gap_eval_examples:
         return _Evaluated(dev, None, None)
     with ctx.timer.phase("gap_evaluation"):
@@ -552,10 +554,11 @@ def _stopped_on_noise(
     """The degenerate flags (degenerate.py) of the dev evaluation at which a stop rule ended the phase,
     warned about: a head that has not learned the task (e.g. below the majority class) is not
     overfitting, so a gap rule that fires there measured the noise of its small train subset."""
-    if stop_reason is None or evaluated is None or not ctx.datasets["dev"].labelled:
+    selection = ctx.datasets[task_spec.selection_split(ctx.datasets)]
+    if stop_reason is None or evaluated is None or not selection.labelled:
         return []
     dev = evaluated.dev
-    records = ctx.task.prediction_records(ctx.datasets["dev"], dev.rows)
+    records = ctx.task.prediction_records(selection, dev.rows)
     flags = degenerate.flags(records, dev.scores, ctx.task.objective.name)
     if flags:
         log.warning(

@@ -60,16 +60,17 @@ def score(
     report: RunReport,
     timer: timing.RunTimer,
 ) -> FinalScores:
-    """Scores the parameters `run_spec.final_params` names on dev and test and writes their predictions.
-    `dev_at_end`: the last phase's dev evaluation of `last_params`, reused rather than taken again."""
+    """Scores the parameters `run_spec.final_params` names on dev, test and the selection slice (where
+    the run holds one out: data.selection_fraction) and writes their predictions. `dev_at_end`: the last
+    phase's evaluation of `last_params` on the split selection reads, reused rather than taken again."""
     params, used = last_params, "last"
     if run_spec.final_params == "best":
         params, used = best_or_last(workdir, last_params, best, mesh)
     evaluations = {}
-    if used == "last" and dev_at_end is not None:
-        evaluations["dev"] = dev_at_end
+    if used == "last" and dev_at_end is not None:  # the loop evaluated the split selection reads
+        evaluations[task_spec.selection_split(datasets)] = dev_at_end
     with timer.phase("evaluation"):
-        for name in ("dev", "test"):
+        for name in ("dev", "test", task_spec.SELECTION):
             if name in datasets and name not in evaluations:
                 evaluations[name] = evaluator.evaluate(params, datasets[name])
     task = run_spec.task
@@ -163,6 +164,9 @@ def results(
             "dev_held_out_fraction": (
                 task.dev_fraction if task_spec.dev_is_held_out(task, run_spec.data.dev_file) else None
             ),
+            # The fraction of train held out for selection (data.selection_fraction); null: selection
+            # (the loop's evaluations, best checkpoint, stop rules) read dev.
+            "selection_fraction": run_spec.data.selection_fraction or None,
         },
         "final_params": final.params_used,  # which parameters `final` scored
         # What the result cost (the grid report's cost table): optimizer steps and training examples.

@@ -182,11 +182,17 @@ def _load_datasets(run_spec: RunSpec, tokenizer: tokenization.Tokenizer) -> dict
     # A test split is evaluated only when given as a local file; dev may be held out of train.
     paths = {split: run_spec.data.file(split) for split in spec.SPLITS}
     datasets = {}
-    for split, examples in task_spec.read_splits(task, paths).items():
+    read = task_spec.read_splits(
+        task,
+        paths,
+        selection_fraction=run_spec.data.selection_fraction,
+        selection_seed=run_spec.data.selection_seed,
+    )
+    for split, examples in read.items():
         datasets[split] = task_spec.load_split(
             task,
             split,
-            paths[split],
+            paths.get(split),
             examples=examples,
             tokenizer=tokenizer,
             max_seq_length=run_spec.max_seq_length,

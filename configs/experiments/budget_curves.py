@@ -1,0 +1,112 @@
+"""Learning curves of the paper grids: every strategy of each task's test grid at three fine-tuning
+budgets (the grid axis `budget_steps`: the last phase's steps; experiments/budget_curves.py), 5 seeds,
+with a selection slice of train (`data.selection_fraction=0.1`) that chooses everything chosen inside
+the grid (each curve's best budget, the best checkpoint, phase 1's gap rule), so dev and test are only
+reported; test is scored once per run. The report gives each curve on the selection slice, dev and
+test, its best budget, each cell against the baseline at the same budget (the comparisons), and each
+curve at its best budget against the baseline's curve at its own (on test).
+
+Not run yet (about 25 CPU-hours would be needed; see each preset's cost). Commands, one process per core:
+  taskset -c 0 python -m stackft_jax.experiment --config=configs/experiments/budget_curves.py:qqp \
+    --workdir=docs/grids/budget_curves_qqp &
+  taskset -c 1 python -m stackft_jax.experiment --config=configs/experiments/budget_curves.py:qqp \
+    --workdir=docs/grids/budget_curves_qqp
+and the same with `:conll` (docs/grids/budget_curves_conll) and `:yahoo` (docs/grids/budget_curves_yahoo).
+
+Costs are estimated from the committed test grids' per-run wall times (results.json `wall_time_s`, one
+process per core of the 2-core machine at load 4-5) as a fixed part plus a part per fine-tuning step.
+One short run with the selection slice, timed on 2026-11-28 on that machine at a higher load (about 8
+processes on 2 cores): QQP finetune-only cls_mlp, 60 steps (`budget_steps=60`, test grid base, slice
+0.1: 15,747 pairs left to train, 1,750 to select on), 720 s of wall time: 491 s for the phase (130 s of
+it compiling the train step, then 3-5 s per step) and about 100 s per 3,000-pair evaluation pass (dev,
+test). At that load the estimates below about double; "No wasted tokens" batching should cut them.
+"""
+
+import ml_collections
+
+from configs.experiments import paper_conll, paper_qqp, paper_yahoo
+from stackft_jax.config import config_cli
+
+SELECTION = ",data.selection_fraction=0.1"  # 10% of train: QQP 1,750 pairs, CoNLL 1,405 sentences, Yahoo 360
+
+
+def _start_from(c: ml_collections.ConfigDict, test_grid: ml_collections.ConfigDict) -> None:
+    """Every key of the task's test grid (base, seeds, baseline, metric, ensembles, margins)."""
+    for key, value in test_grid.items():
+        c[key] = value
+
+
+def qqp(c: ml_collections.ConfigDict) -> None:
+    """QQP, the light head and both pair heads, each strategy with two recipes (the same small tuning
+    budget per strategy; the selection slice chooses): finetune-only with the new head at its own rate
+    (`finetune_only`) or at BERT's (`finetune_only_uniform`, the paper's), stack-and-finetune with the
+    test grid's 120-step cached phase 1 (`stack_and_finetune`) or a 30-step one (`stack_and_finetune_p1_30`,
+    which ended stacked BiMPM about 6 points higher on dev in every seed in
+    docs/grids/phase1_dropout_separate; the other variant found there, no dropout in phase 2, changes
+    fine-tuning itself and is left out). Budgets 150 / 300 / 600 fine-tuning steps (the test grid's 300,
+    halved and doubled). 4 recipes x 3 heads x 3 budgets x 5 seeds = 180 runs.
+
+    Cost: the test grid's runs took about 1.2-2.0 s per fine-tuning step with their evaluations at load
+    4-5 (finetune_only_uniform cls_mlp: 618 s for 300 steps; stack-and-finetune Sim-Transformer 1,056 s
+    for 120 cached + 300 steps); at about 2 s per step plus 200 s per run, the 180 runs' 63,000 steps
+    take about 35 + 10 = 45 process-hours: over the issue's 25 CPU-hours for all three grids on their
+    own. Cheaper cuts that keep the question: `num_seeds=3` (27 h), or budgets 150 / 300 (23 h)."""
+    _start_from(c, paper_qqp.get_config("test"))
+    c.base += SELECTION
+    c.axes = "; ".join(
+        [
+            "recipe=finetune_only:strategy=finetune_only"
+            "|finetune_only_uniform:strategy=finetune_only_uniform"
+            "|stack_and_finetune:strategy=stack_and_finetune"
+            "|stack_and_finetune_p1_30:strategy=stack_and_finetune,phase1.num_steps=30",
+            "head.name=cls_mlp|sim_transformer|bimpm",
+            "budget_steps=150|300|600",
+        ]
+    )
+    c.baseline = "recipe=finetune_only"
+    c.matched = ""  # the budget axis sets the steps (budget_curves.budgets_of refuses both)
+    c.comparisons = "baseline"
+    c.paper_results = ""
+
+
+def conll(c: ml_collections.ConfigDict) -> None:
+    """CoNLL-2003, the test grid's cells (finetune-only and stack-and-finetune x token_mlp and
+    bilstm_crf, the gap rule on entity F1) at 150 / 300 / 600 fine-tuning steps: 4 x 3 x 5 = 60 runs.
+
+    Cost: the test grid's 300-step runs took 901-1,003 s with their test pass and the matched 447-451
+    step runs 1,314-1,561 s (about 3 s per step and 100-300 s besides, at load 4-5): the 60 runs'
+    21,000 steps take about 18 + 3 = 21 process-hours. Cheaper: `num_seeds=3` (13 h), or budgets
+    150 / 300 (10 h)."""
+    _start_from(c, paper_conll.get_config("test"))
+    c.base += SELECTION
+    c.axes = (
+        "strategy=finetune_only|stack_and_finetune; head.name=token_mlp|bilstm_crf; budget_steps=150|300|600"
+    )
+    c.matched = ""
+    c.comparisons = "baseline"
+
+
+def yahoo(c: ml_collections.ConfigDict) -> None:
+    """Yahoo Answers, the test grid's cells (finetune-only and stack-and-finetune x cls_mlp, DenseNet,
+    Highway-LSTM; the DenseNet + Highway-LSTM ensemble per budget) at 75 / 150 / 300 fine-tuning steps
+    (the test grid's 150, halved and doubled): 2 x 3 x 3 x 5 = 90 runs.
+
+    Cost: the test grid's 150-step runs took 414-448 s and its 225-step ones 577-743 s (about 2.5 s per
+    step and 100 s besides): the 90 runs' 15,750 steps take about 11 + 2.5 = 13.5 process-hours.
+    Cheaper: `num_seeds=3` (8 h)."""
+    _start_from(c, paper_yahoo.get_config("test"))
+    c.base += SELECTION
+    c.axes = (
+        "strategy=finetune_only|stack_and_finetune; head.name=cls_mlp|densenet|highway_lstm; "
+        "budget_steps=75|150|300"
+    )
+    c.matched = ""
+    c.comparisons = "baseline"
+    c.paper_results = ""
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    """A preset is required (`:qqp`, `:conll` or `:yahoo`): each starts from its task's test grid."""
+    c = ml_collections.ConfigDict()
+    config_cli.apply_items(c, arg, {"qqp": qqp, "conll": conll, "yahoo": yahoo})
+    return c
