@@ -12,7 +12,6 @@ training), and nothing goes through the workdir binding (workdirs.py).
 """
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from stackft_jax.config.spec import RunSpec
 from stackft_jax.data.task_spec import TaskSpec
 from stackft_jax.models import bert
 from stackft_jax.models.adaptation import EncoderAdaptation
+from stackft_jax.runtime import records
 from stackft_jax.runtime.cli_errors import DataError, UsageError
 from stackft_jax.trained import run_params
 from stackft_jax.training import build
@@ -31,6 +31,7 @@ from stackft_jax.training import build
 PARAMS = ("best", "last")
 HEAD_CONFIG = "head_config.json"  # an export's head, task and run (export.py)
 HEAD_WEIGHTS = "head.safetensors"
+EXPORT_AGAIN = "export the run again"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +100,11 @@ def open_workdir(workdir: str | Path, *, params: str | None = None, phase: str |
         )
     run_spec = run_params.recorded_spec(workdir)
     results_file = workdir / "results.json"
-    results = json.loads(results_file.read_text()) if results_file.is_file() else None
+    results = (
+        records.read_json(results_file, records.RERUN_RESULTS.format(workdir=workdir), keys=("final",))
+        if results_file.is_file()
+        else None
+    )
     if params is not None and params not in PARAMS:
         raise UsageError(f"--params={params}: choose one of {PARAMS}")
     if phase is not None:
@@ -147,15 +152,14 @@ def open_export(folder: str | Path) -> Source:
         raise FileNotFoundError(
             f"--model={folder}: not an export of stackft_jax.export (no {HEAD_CONFIG} and {HEAD_WEIGHTS})"
         )
+    record = records.read_json(head_config, EXPORT_AGAIN, keys=("config", "run"))
     try:
-        record = json.loads(head_config.read_text())
         config = spec.config_from_plain(record["config"])
-        run = record["run"]
     except (ValueError, KeyError, TypeError, AttributeError) as error:
-        raise DataError(
-            f"{head_config}: not a readable export record ({type(error).__name__}: {error}); the file is "
-            "damaged or truncated: export the run again"
+        raise records.damaged(
+            head_config, f"its config: {type(error).__name__}: {error}", EXPORT_AGAIN
         ) from None
+    run = record["run"]
     config.model.name_or_path = str(folder)  # the record says "." (hf_export): the folder itself
     return Source(folder, spec.resolve(config, recorded=True), True, "last", None, run)
 
