@@ -32,6 +32,7 @@ PARAMS = ("best", "last")
 HEAD_CONFIG = "head_config.json"  # an export's head, task and run (export.py)
 HEAD_WEIGHTS = "head.safetensors"
 EXPORT_AGAIN = "export the run again"
+TOKENIZER_RECORD = "tokenizer_files"  # head_config.json: {file name: sha256} of the export's tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +100,7 @@ def open_workdir(workdir: str | Path, *, params: str | None = None, phase: str |
             f"--workdir={workdir} is an export, not a run's workdir: pass it as --model={workdir}"
         )
     run_spec = run_params.recorded_spec(workdir)
+    _check_tokenizer(workdir, run_spec)
     results_file = workdir / "results.json"
     results = (
         records.read_json(results_file, records.RERUN_RESULTS.format(workdir=workdir), keys=("final",))
@@ -138,6 +140,19 @@ def open_workdir(workdir: str | Path, *, params: str | None = None, phase: str |
     return Source(workdir, run_spec, False, params, None, results)
 
 
+def _check_tokenizer(workdir: Path, run_spec: RunSpec) -> None:
+    """The model folder's tokenizer files must be those the run recorded (as a rerun of the run
+    requires): other files give other ids than its parameters learned."""
+    from stackft_jax.training import workdirs  # transformers, for the fingerprint: a workdir only
+
+    changes = workdirs.tokenizer_changes(workdir, bert.resolve_model_dir(run_spec.model.name_or_path))
+    if changes:
+        raise DataError(
+            f"{workdir}: {changes[0]}; its parameters expect the ids of the files it recorded "
+            f"({workdirs.DATA_FILE}): restore them"
+        )
+
+
 def _phase_done(workdir: Path, name: str) -> bool:
     from stackft_jax.training import checkpointing  # orbax: a workdir only, never an export
 
@@ -160,6 +175,17 @@ def open_export(folder: str | Path) -> Source:
             head_config, f"its config: {type(error).__name__}: {error}", EXPORT_AGAIN
         ) from None
     run = record["run"]
+    recorded = record.get(TOKENIZER_RECORD)  # exports before the key have none
+    if recorded is not None:
+        from stackft_jax.data import tokenization  # transformers: an export's fingerprint only
+
+        now = tokenization.tokenizer_fingerprint(folder)
+        differing = sorted(n for n in recorded.keys() | now.keys() if recorded.get(n) != now.get(n))
+        if differing:
+            raise DataError(
+                f"{folder}: its tokenizer files ({', '.join(differing)}) changed since the export wrote them "
+                f"({HEAD_CONFIG} `{TOKENIZER_RECORD}`); the model expects their ids: export the run again"
+            )
     config.model.name_or_path = str(folder)  # the record says "." (hf_export): the folder itself
     return Source(folder, spec.resolve(config, recorded=True), True, "last", None, run)
 

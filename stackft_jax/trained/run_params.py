@@ -54,8 +54,16 @@ def best_params(workdir: str | Path, like: dict[str, Any] | None = None) -> tupl
         like = _initial_params(recorded_spec(workdir))
     one_device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one_device), like)
-    with ocp.StandardCheckpointer() as checkpointer:
-        return steps[-1], checkpointer.restore(folder / str(steps[-1]) / "params", target)
+    path = folder / str(steps[-1])
+    try:
+        with ocp.StandardCheckpointer() as checkpointer:
+            params = checkpointer.restore(path / "params", target)
+        with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
+            meta = checkpointer.restore(path, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+        checkpointing.verify(path, params, meta)
+    except Exception as error:  # orbax/tensorstore raise many types for a damaged file
+        raise checkpointing.unreadable(path, error) from None
+    return steps[-1], params
 
 
 def _initial_params(run_spec: RunSpec) -> dict[str, Any]:

@@ -121,6 +121,16 @@ class RunReport:
             self.tensorboard.add_scalar(f"train/{name}", value, global_step)
 
     def results(self, results: dict[str, Any]) -> None:
+        """Writes results.json; a final loss that is not finite is no result (FloatingPointError, exit
+        1): nothing then reads the run as finished (predict, export, ensembles, a grid's report)."""
+        for split, scores in results.get("final", {}).items():
+            loss = scores.get("loss")
+            if loss is not None and not math.isfinite(loss):
+                raise FloatingPointError(
+                    f"{self.workdir}: the final {split} loss is {loss}: the scored parameters give "
+                    "non-finite outputs (a diverged run, or parameters damaged on disk), so results.json "
+                    "is not written; rerun in a new --workdir (with a lower learning rate if it diverged)"
+                )
         if not self.enabled:
             return
         tmp = self.workdir / "results.json.tmp"

@@ -416,6 +416,16 @@ def read_fingerprints(workdir: Path) -> dict[str, Any]:
     return recorded
 
 
+def tokenizer_changes(workdir: Path, model_dir: Path) -> list[str]:
+    """How the tokenizer files of `model_dir` now differ from those the run in `workdir` recorded
+    (data_files.json); [] when they match or it recorded none. Reads only: predict and export ask it
+    as a rerun's binding does, since the run's parameters expect the ids of its own tokenizer."""
+    recorded = read_fingerprints(workdir).get(TOKENIZER_KEY)
+    if not recorded:
+        return []
+    return fingerprint_changes({TOKENIZER_KEY: recorded}, {TOKENIZER_KEY: _tokenizer_record(model_dir)})
+
+
 def input_changes(workdir: Path, run_spec: RunSpec) -> list[str]:
     """How the data and tokenizer files `run_spec` names now differ from those the finished run in
     `workdir` recorded (data_files.json); [] when they match or it recorded none. Reads only. A grid asks
