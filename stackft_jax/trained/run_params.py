@@ -60,7 +60,7 @@ def best_params(workdir: str | Path, like: dict[str, Any] | None = None) -> tupl
             params = checkpointer.restore(path / "params", target)
         with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
             meta = checkpointer.restore(path, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-        checkpointing.verify(path, params, meta)
+        checkpointing.verify(params, meta)
     except Exception as error:  # orbax/tensorstore raise many types for a damaged file
         raise checkpointing.unreadable(path, error) from None
     return steps[-1], params

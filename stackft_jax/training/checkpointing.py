@@ -117,14 +117,13 @@ def content_digest(tree: Any) -> str:
     return h.hexdigest()
 
 
-def verify(where: str | Path, tree: Any, recorded: dict[str, Any]) -> None:
-    """Raises ChecksumMismatch when `tree`, read back from `where`, differs from the checksum its JSON
-    item `recorded` holds (a checkpoint without one predates checksums: accepted)."""
+def verify(tree: Any, recorded: dict[str, Any]) -> None:
+    """Raises ChecksumMismatch when `tree`, read back from a checkpoint, differs from the checksum its
+    JSON item `recorded` holds (a checkpoint without one predates checksums: accepted)."""
     expected = recorded.get(CHECKSUM) if isinstance(recorded, dict) else None
     if expected is not None and content_digest(tree) != expected:
         raise ChecksumMismatch(
-            f"{where}: its arrays do not match the checksum written when it was saved (bytes changed on "
-            "disk since)"
+            "its arrays differ from the checksum written when it was saved (bytes changed on disk since)"
         )
 
 
@@ -224,7 +223,7 @@ class PhaseCheckpoints:
 
         def verified(step: int) -> tuple[dict[str, Any], dict]:
             state, meta = self.restore(step, abstract)
-            verify(Path(self.manager.directory) / str(step), state, meta)
+            verify(state, meta)
             return state, meta
 
         found = _newest_readable(self.manager, self.workdir, verified)
@@ -306,7 +305,7 @@ def load_phase_end(
                     frozen=ocp.args.JsonRestore(),
                 ),
             )
-        verify(path, restored.params, restored.frozen)
+        verify(restored.params, restored.frozen)
     except Exception as error:  # orbax/tensorstore raise many types for a damaged file
         _move_aside(path, Path(workdir).absolute(), error)
         return None
@@ -331,7 +330,7 @@ def read_phase_end(workdir: str | Path, phase: str) -> tuple[dict[str, Any], dic
             restored = checkpointer.restore(
                 path, args=ocp.args.Composite(record=ocp.args.JsonRestore(), frozen=ocp.args.JsonRestore())
             )
-        verify(path, part, restored.frozen)
+        verify(part, restored.frozen)
     except Exception as error:  # orbax/tensorstore raise many types for a damaged file
         raise unreadable(path, error) from None
     return part, restored.record, restored.frozen["fingerprint"]
@@ -375,7 +374,7 @@ class BestCheckpoint:
                     params=ocp.args.StandardRestore(abstract_params), meta=ocp.args.JsonRestore()
                 ),
             )
-            verify(Path(self.manager.directory) / str(step), restored.params, restored.meta)
+            verify(restored.params, restored.meta)
             return restored.params
 
         return _newest_readable(self.manager, self.workdir, verified)
