@@ -49,10 +49,11 @@ def damaged(path: str | Path, problem: str, remedy: str) -> DamagedRecord:
 
 def _problem(error: Exception) -> str:
     if isinstance(error, json.JSONDecodeError):
-        what = "truncated" if error.pos >= len(error.doc.rstrip()) else "not JSON"
+        cut = error.pos >= len(error.doc.rstrip()) or error.msg.startswith("Unterminated string")
+        what = "truncated" if cut else "not JSON"
         return f"{what}: {error.msg} at line {error.lineno} column {error.colno}"
     if isinstance(error, UnicodeDecodeError):
-        return f"not text: byte {error.start} is no UTF-8"
+        return f"not text: the byte at offset {error.start} is no UTF-8"
     return f"{type(error).__name__}: {error}"
 
 
