@@ -10,7 +10,10 @@
 
 A rerun resumes only the run its workdir belongs to: if a key that changes results differs from the
 recorded config, or a data file's content changed, the rerun is refused before any work, naming the
-differing keys or the file. A grid workdir is bound to its grid config the same way (GRID below).
+differing keys or the file. A grid workdir is bound to its grid config the same way (GRID below). A
+workdir is new, empty, or its kind's own by these marker files (`refuse_foreign`): another tool's folder,
+an export, a model folder, or a grid's folder for a run (a run's for a grid) is refused before anything
+is written into it. The records are read through runtime/records.py: a damaged one is one line.
 """
 
 import contextlib
