@@ -73,6 +73,11 @@ def test_the_kinds_a_workdir_may_be(uninterrupted, tmp_path):
         workdirs.refuse_foreign(grid, workdirs.RUN)
     with pytest.raises(UsageError, match=r"holds files this tool did not write \(strategy=finetune_only-name="):
         workdirs.refuse_foreign(grid / "runs", workdirs.RUN)  # the folder of a grid's runs is none
+    runs_only = tmp_path / "runs_only"  # a grid's runs copied without its grid_config.json
+    shutil.copytree(grid / "runs", runs_only / "runs")
+    workdirs.refuse_foreign(runs_only, workdirs.GRID)
+    with pytest.raises(UsageError, match=r"is a grid's workdir"):
+        workdirs.refuse_foreign(runs_only, workdirs.RUN)
 
 
 def test_main_refuses_another_tools_results_before_writing_anything(tmp_path, run_cli):

@@ -188,7 +188,7 @@ def _kind_of(folder: Path) -> str:
         return "new"
     if EXPORT_RECORD in entries:
         return "export"
-    if GRID.config_file in entries:
+    if GRID.config_file in entries or _holds_grid_runs(folder, entries):
         return "grid"
     if _is_run_workdir(folder):
         return "run"
@@ -196,6 +196,21 @@ def _kind_of(folder: Path) -> str:
     if CONFIG_FILE in entries and any(name.endswith(weights) for name in entries):
         return "model"
     return "other"
+
+
+# What a grid's folder holds (a grid's runs copied without its grid_config.json are one too).
+_GRID_ENTRIES = frozenset(
+    {*GRID.progress, GRID.config_file, GRID.history_file, "figures", "feature_cache", _LOCKS}
+)
+
+
+def _holds_grid_runs(folder: Path, entries: set[str]) -> bool:
+    runs = folder / "runs"
+    return (
+        runs.is_dir()
+        and all(name in _GRID_ENTRIES or name.startswith("replaced-") for name in entries)
+        and all(run.is_dir() and _kind_of(run) in ("new", "run") for run in runs.iterdir())
+    )
 
 
 _WHAT = {
