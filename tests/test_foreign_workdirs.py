@@ -69,9 +69,10 @@ def test_the_kinds_a_workdir_may_be(uninterrupted, tmp_path):
     workdirs.refuse_foreign(
         grid / "runs" / sorted(p.name for p in (grid / "runs").iterdir())[0], workdirs.RUN
     )
-    with pytest.raises(UsageError, match=r"is a grid's workdir \(grid_config.json\)"):
+    with pytest.raises(UsageError, match=r"is a grid's workdir \(grid_config.json, runs/\)"):
         workdirs.refuse_foreign(grid, workdirs.RUN)
-    with pytest.raises(UsageError, match=r"holds files this tool did not write \(strategy=finetune_only-name="):
+    listed = r"holds files this tool did not write \(strategy=finetune_only-name="
+    with pytest.raises(UsageError, match=listed):
         workdirs.refuse_foreign(grid / "runs", workdirs.RUN)  # the folder of a grid's runs is none
     runs_only = tmp_path / "runs_only"  # a grid's runs copied without its grid_config.json
     shutil.copytree(grid / "runs", runs_only / "runs")
@@ -108,7 +109,7 @@ def test_main_refuses_an_export_a_model_folder_and_a_grid(exported, tmp_path, ru
             model,
             "is a model folder (config.json and weights); a run reads it with --config.model.name_or_path",
         ),
-        (grid, "is a grid's workdir (grid_config.json); python -m stackft_jax.experiment continues it"),
+        (grid, "is a grid's workdir (grid_config.json, runs/); python -m stackft_jax.experiment continues it"),
     ):
         before = _snapshot(folder)
         _assert_refused(run_cli(folder), _run_refusal(folder, what))

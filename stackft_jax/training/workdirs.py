@@ -216,7 +216,7 @@ def _holds_grid_runs(folder: Path, entries: set[str]) -> bool:
 _WHAT = {
     "export": f"an export folder ({EXPORT_RECORD}); predict reads it with --model",
     "model": "a model folder (config.json and weights); a run reads it with --config.model.name_or_path",
-    "grid": f"a grid's workdir ({GRID.config_file}); python -m stackft_jax.experiment continues it",
+    "grid": f"a grid's workdir ({GRID.config_file}, runs/); python -m stackft_jax.experiment continues it",
     "run": f"a run's workdir ({CONFIG_FILE}, {DATA_FILE}); python -m stackft_jax.main continues it",
 }
 
