@@ -109,7 +109,10 @@ def test_main_refuses_an_export_a_model_folder_and_a_grid(exported, tmp_path, ru
             model,
             "is a model folder (config.json and weights); a run reads it with --config.model.name_or_path",
         ),
-        (grid, "is a grid's workdir (grid_config.json, runs/); python -m stackft_jax.experiment continues it"),
+        (
+            grid,
+            "is a grid's workdir (grid_config.json, runs/); python -m stackft_jax.experiment continues it",
+        ),
     ):
         before = _snapshot(folder)
         _assert_refused(run_cli(folder), _run_refusal(folder, what))
