@@ -354,3 +354,26 @@ def test_ids_beyond_the_embedding_table_are_refused_with_the_example_and_the_id(
     windows = {**arrays, "sentence_index": np.array([0, 0])}
     with pytest.raises(cli_errors.DataError, match=r"^--input example 1 \(line1-a\): token id 400"):
         inference.check_ids_fit(windows, examples, 400, tmp_path)
+
+
+def test_a_cut_prediction_file_in_an_ensemble_and_a_broken_gzip_one(uninterrupted, tmp_path):
+    from stackft_jax.experiments import ensembling
+    from stackft_jax.training import prediction_files
+
+    run = _copy(uninterrupted, tmp_path)
+    dev = prediction_files.path(run, "dev")
+    _truncate(dev)
+    before = _snapshot(run)
+    with pytest.raises(records.DamagedRecord) as damaged:
+        ensembling.load_member(run)
+    assert cli_errors.exit_code_of(damaged.value) == 1
+    assert re.fullmatch(
+        rf"{dev}:\d+ is damaged \({TRUNCATED}\); {_rerun_hint(run)} \(the file is left as it is\)",
+        str(damaged.value),
+    )
+    assert _snapshot(run) == before
+    shutil.copy(uninterrupted / "predictions" / "dev.jsonl", dev)
+    (packed,) = prediction_files.compress(run)  # a grid's runs keep them gzipped
+    _truncate(packed)
+    with pytest.raises(records.DamagedRecord, match=rf"^{packed} is damaged \(EOFError: "):
+        prediction_files.read(packed)
