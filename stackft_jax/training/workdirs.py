@@ -307,9 +307,10 @@ def bind_config(
 
 
 def _set_aside_damaged(workdir: Path, path: Path, binding: Binding) -> None:
-    """--allow_config_change over a damaged record: what it bound cannot be compared, so the progress
-    made under it is set aside (replaced-<time>/, or WORKDIR/replaced-<time>/ for a grid's runs' record)
-    and the damaged file is kept there beside it; the new record is then written in its place."""
+    """--allow_config_change over a damaged record: what it bound cannot be compared, so a run's
+    progress is set aside (WORKDIR/replaced-<time>/) and the damaged file is kept there beside it; a
+    grid's runs stay (each keeps its own binding) and only its damaged record moves there. The caller
+    then writes the new record in its place."""
     if jax.process_index() != 0:
         return
     reason = f"--allow_config_change over the damaged {path.name}"
