@@ -67,7 +67,7 @@ def _assert_one_line(proc: subprocess.CompletedProcess, code: int, pattern: str)
 
 
 def _rerun_hint(workdir: Path) -> str:
-    return records.RERUN_RESULTS.format(workdir=workdir).replace("(", r"\(").replace(")", r"\)")
+    return re.escape(records.RERUN_RESULTS.format(workdir=workdir))
 
 
 def _escaped(text: str) -> str:
