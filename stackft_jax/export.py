@@ -11,10 +11,14 @@
                                      as the encoder: BertForSequenceClassification's pooler + classifier;
                                      a linear word tagger: *ForTokenClassification), that model whole
     README.md                        the model card
+    export_manifest.json             every file the export wrote: what a later --overwrite replaces
 
 The encoder also starts new runs: `--config.model.name_or_path=exports/demo`. The folder is written by
 process 0 only, into a temporary sibling renamed into place, so it is complete or absent; a non-empty
-target is replaced only with --overwrite.
+target is replaced only with --overwrite, and then only the files its manifest lists: whatever was added
+to the folder since (notes, a copied workdir) stays. The run's tokenizer files must still be those it
+recorded (data_files.json), as for a rerun of the run; head_config.json records the export's own, which
+`predict --model` checks.
 """
 
 import json

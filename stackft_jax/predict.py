@@ -12,7 +12,9 @@ comes). The output is JSONL, one record per example in input order, the records 
 work: all devices, length-sorted batches gathered back into input order, the persistent compilation cache.
 
 Every refusal (an unfinished run, a file of another task, bad bytes, an unknown class or tag, an output
-that exists) is one line before the model is built. Nothing is written to the workdir.
+that exists, a damaged record or checkpoint, tokenizer files other than those the run or export
+recorded) is one line before the model is built; an input whose token ids reach beyond the encoder's
+embedding table is refused naming the example and the id. Nothing is written to the workdir.
 """
 
 import json

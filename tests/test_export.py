@@ -277,7 +277,7 @@ def test_a_damaged_export_or_an_export_as_workdir_is_one_line(exported, tmp_path
         opening.open_export(damaged).load()
     record = damaged / opening.HEAD_CONFIG
     record.write_text(record.read_text()[:100])
-    with pytest.raises(DataError, match=rf"^{record}: not a readable export record .* damaged or truncated"):
+    with pytest.raises(DataError, match=rf"^{record} is damaged \(truncated: .*\); export the run again"):
         opening.open_export(damaged)
     for size in ("-3", "0"):
         proc = _cli(

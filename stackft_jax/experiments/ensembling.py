@@ -20,7 +20,7 @@ import numpy as np
 from stackft_jax.config import spec
 from stackft_jax.data import metrics
 from stackft_jax.models import objectives
-from stackft_jax.runtime import cli_errors
+from stackft_jax.runtime import cli_errors, records
 from stackft_jax.training import prediction_files
 from stackft_jax.training import workdirs as workdirs_module  # `workdirs` names the runs here
 
@@ -67,7 +67,9 @@ def load_member(workdir: str | Path) -> Member:
     results_file = workdir / "results.json"
     if not results_file.is_file():
         raise EnsembleError(f"{workdir}: no results.json (not a finished run)")
-    results = json.loads(results_file.read_text())
+    results = records.read_json(
+        results_file, records.RERUN_RESULTS.format(workdir=workdir), keys=("config", "final")
+    )
     run_spec = _recorded_spec(workdir, results)
     task = run_spec.task
     if task.objective is not objectives.CLASSIFICATION:
@@ -75,21 +77,21 @@ def load_member(workdir: str | Path) -> Member:
             f"{workdir} ran data.task={task.name!r}, a {task.objective.name} task: ensembles average class "
             "probabilities, which only classification runs have"
         )
-    records = {}
+    split_files = {}
     for split in ("dev", "test"):
         file = prediction_files.path(workdir, split)
         if file.is_file():
-            records[split] = prediction_files.read(file)
-    if "dev" not in records:
+            split_files[split] = prediction_files.read(file)
+    if "dev" not in split_files:
         raise EnsembleError(f"{workdir}: no predictions/dev.jsonl (written by runs since prediction files)")
-    for split, split_records in records.items():
+    for split, split_records in split_files.items():
         missing = next((k for k, r in split_records.items() if "probabilities" not in r), None)
         if missing is not None:
             raise EnsembleError(
                 f"{prediction_files.path(workdir, split)}: record {missing!r} has no `probabilities`, which "
                 "the classification run writes (predictions edited, or from another run)"
             )
-    return Member(workdir, results, records, run_spec)
+    return Member(workdir, results, split_files, run_spec)
 
 
 def _check_distinct(workdirs: Sequence[str | Path]) -> None:

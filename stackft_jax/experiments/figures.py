@@ -4,13 +4,13 @@ the global step of each cell's first seed, phase boundaries dashed. matplotlib's
 display needed.
 """
 
-import json
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from stackft_jax.experiments.cells import Run
+from stackft_jax.runtime import records
 
 
 class FinishedRun(Protocol):
@@ -23,11 +23,10 @@ class FinishedRun(Protocol):
 
 def _dev_curve(metrics_file: Path, metric: str) -> list[tuple[int, float]]:
     points = []
-    with metrics_file.open() as f:
-        for line in f:
-            record = json.loads(line)
-            if record.get("split") == "dev" and record.get(metric) is not None:
-                points.append((record["global_step"], record[metric]))
+    written, _ = records.read_jsonl(metrics_file, records.FIX_METRICS)  # a cut last line: drawn without it
+    for record in written:
+        if record.get("split") == "dev" and record.get(metric) is not None:
+            points.append((record["global_step"], record[metric]))
     return points
 
 

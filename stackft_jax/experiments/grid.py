@@ -34,7 +34,7 @@ from stackft_jax.experiments.cells import (
     with_value,
 )
 from stackft_jax.models import objectives
-from stackft_jax.runtime import compilation_cache
+from stackft_jax.runtime import compilation_cache, records
 from stackft_jax.runtime.cli_errors import ConfigError
 from stackft_jax.training import prediction_files, train, workdirs
 
@@ -164,6 +164,7 @@ def plan_grid(
     check_metric(grid, specs)
     check_ensembles(grid, ensembles, specs)
 
+    workdirs.refuse_foreign(workdir, workdirs.GRID)  # a run's or another tool's folder: before any write
     changed = workdirs.bind_config(
         workdir,
         {"grid": config_cli.to_plain(grid)},
@@ -203,8 +204,9 @@ def finished(run_dir: Path, resolved: "RunSpec") -> bool:
     recorded = run_dir / workdirs.CONFIG_FILE
     if not recorded.exists():
         return True
+    config = records.read_json(recorded, records.RESTORE_CONFIG, keys=("config",))["config"]
     try:
-        old = spec.recorded_binding_form(json.loads(recorded.read_text())["config"], resolved.raw)
+        old = spec.recorded_binding_form(config, resolved.raw)
     except ValueError:  # it no longer resolves: train.run refuses the workdir, saying why
         return False
     # A JSON round trip on both sides, as workdirs.bind_config compares (tuples read back as lists).

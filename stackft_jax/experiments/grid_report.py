@@ -69,6 +69,7 @@ from stackft_jax.experiments.cells import (
 )
 from stackft_jax.experiments.grid import REUSED_FROM, check_ensembles, run_spec
 from stackft_jax.models import objectives
+from stackft_jax.runtime import records
 from stackft_jax.runtime.cli_errors import ConfigError
 from stackft_jax.training import compute, degenerate, prediction_files, workdirs
 from stackft_jax.training.run_report import json_safe
@@ -92,7 +93,11 @@ class RunResult:
     def reused_from(self) -> str | None:
         """The other grid's run this one was copied from (grid.reuse_run), or None: trained here."""
         file = self.folder / REUSED_FROM
-        return json.loads(file.read_text())["source"] if file.is_file() else None
+        if not file.is_file():
+            return None
+        return records.read_json(file, f"copy the run again (delete {self.folder})", keys=("source",))[
+            "source"
+        ]
 
     def score(self, split: str, metric: str) -> float | None:
         value = self.results["final"].get(split, {}).get(metric)
@@ -138,7 +143,9 @@ def load_runs(grid: ml_collections.ConfigDict, workdir: str | Path) -> list[RunR
         results_file = run_dir / "results.json"
         if not results_file.exists():
             raise FileNotFoundError(f"{results_file}: run {run.name} has not finished; rerun the grid")
-        results = json.loads(results_file.read_text())
+        results = records.read_json(
+            results_file, records.RERUN_RESULTS.format(workdir=run_dir), keys=("final",)
+        )
         resolved = run_spec(grid, run, recorded=True)
         task = resolved.task  # the report needs no data file
         changes = workdirs.input_changes(run_dir, resolved)
@@ -260,7 +267,9 @@ def _cost(r: RunResult, by_name: dict[str, RunResult]) -> dict[str, float] | Non
     wall = results.get("wall_time_s")
     timings = r.folder / TIMINGS_FILE
     if wall is None and timings.is_file():
-        wall = json.loads(timings.read_text())["total_s"]
+        wall = records.read_json(timings, records.RERUN_RESULTS.format(workdir=r.folder), keys=("total_s",))[
+            "total_s"
+        ]
     if examples is None or wall is None:
         return None
     return {"train_steps": steps, "examples_seen": examples, "wall_time_s": wall}

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from stackft_jax.runtime import records
 from stackft_jax.runtime.cli_errors import UsageError, refuse_to_replace
 from stackft_jax.trained import opening
 from stackft_jax.training import workdirs
@@ -192,6 +193,7 @@ def write(
     the folder's name once in place (the model card's commands use it), `folder`'s own by default."""
     from safetensors.numpy import save_file
 
+    from stackft_jax.data import tokenization
     from stackft_jax.models import bert  # flax: only when writing an export
     from stackft_jax.models.adaptation import lora
 
@@ -245,6 +247,8 @@ def write(
         "final_from": scores_from,
         "transformers_task_model": task_model[0] if isinstance(task_model, tuple) else None,
         "transformers_task_model_why_not": None if isinstance(task_model, tuple) else task_model,
+        # What predict --model checks the folder's tokenizer files against.
+        opening.TOKENIZER_RECORD: tokenization.tokenizer_fingerprint(folder),
         # A LoRA run: its update in peft's format (folder, base model, rank, alpha, dropout, targets).
         "peft_adapter": peft_adapter,
         "config": _export_config(source),
@@ -377,6 +381,7 @@ def export(source: opening.Source, out: str | Path, *, overwrite: bool = False) 
             "replaces only an earlier export: choose a new folder"
         )
     refuse_unexportable(source)  # before any compute
+    earlier = earlier_export_files(out) if out.is_dir() and any(out.iterdir()) else None
     loaded = source.load()
     if jax.process_index() != 0:
         return None
@@ -386,14 +391,64 @@ def export(source: opening.Source, out: str | Path, *, overwrite: bool = False) 
     tmp.mkdir()
     try:
         write(source, loaded, tmp, name=out.name)  # tmp is renamed to out
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            os.replace(out, old)
+        written = _files_under(tmp)
+        manifest = {"format": MANIFEST_FORMAT, "files": written}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        if earlier is None:
             os.replace(tmp, out)
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
         else:
-            os.replace(tmp, out)
+            _replace_export(out, tmp, earlier, [*written, MANIFEST])
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+MANIFEST = "export_manifest.json"  # every file an export wrote: what --overwrite may replace
+MANIFEST_FORMAT = "stackft_jax export manifest 1"
+
+
+def _files_under(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+def earlier_export_files(out: Path) -> set[str]:
+    """The files the export in `out` wrote (its manifest, itself included): --overwrite replaces
+    these and nothing else. An export from before manifests: its files that an export writes."""
+    manifest = out / MANIFEST
+    if manifest.is_file():
+        remedy = "remove the export yourself, or choose a new --out"
+        record = records.read_json(manifest, remedy, keys=("files",))
+        return {*record["files"], MANIFEST}
+    own = (opening.HEAD_CONFIG, opening.HEAD_WEIGHTS, "config.json", "model.safetensors", "README.md")
+    return {
+        name
+        for name in _files_under(out)
+        if name in own
+        or name.split("/")[0] in (TASK_MODEL_DIR, PEFT_DIR)
+        or ("/" not in name and any(fnmatch(name, pattern) for pattern in _TOKENIZER_FILES))
+    }
+
+
+def _replace_export(out: Path, new: Path, earlier: set[str], written: list[str]) -> None:
+    """Replaces the earlier export's files in `out` by those of `new` (a complete export); whatever
+    else `out` holds (notes, a copied workdir) stays where it is, untouched."""
+    clashing = [name for name in written if (out / name).exists() and name not in earlier]
+    if clashing:
+        raise UsageError(
+            f"--out={out}: {clashing[0]} was not written by the earlier export, and this export writes a "
+            "file there; move it, or choose a new --out"
+        )
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    for name in sorted(earlier):  # set aside first: the new files then never meet the old ones
+        if (out / name).is_file():
+            (old / name).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(out / name, old / name)
+    for name in written:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(new / name, out / name)
+    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(new, ignore_errors=True)
+    for folder in sorted({(out / name).parent for name in earlier}, key=lambda p: -len(p.parts)):
+        if folder != out and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()  # an earlier export's subfolder this one does not write

@@ -102,9 +102,30 @@ class Predictor:
             max_seq_length=run_spec.max_seq_length,
             options=self.task.encoding_options(run_spec.data.as_mapping()),
         )
+        check_ids_fit(arrays, examples, self.loaded.bert_config.vocab_size, self.source.model_dir)
         split = Split("input", examples, arrays, self.task.is_labelled(examples))
         done = self.evaluator.evaluate(self.params, split, progress=progress)
         return Prediction(self.task.prediction_records(split, done.rows), done.scores)
+
+
+def check_ids_fit(arrays: dict[str, Any], examples: list[Any], vocab_size: int, model_dir: Path) -> None:
+    """Refuses an input whose token ids reach beyond the encoder's embedding table (as training does,
+    tokenization.check_ids_fit), naming the first such example and id: a lookup there reads no row of
+    the table and predicts NaN."""
+    import numpy as np
+
+    ids = np.asarray(arrays["input_ids"])
+    beyond = np.argwhere(ids >= vocab_size)
+    if beyond.size:
+        row, column = (int(i) for i in beyond[0])
+        # A sentence split into windows (word tagging): the window's sentence.
+        index = int(arrays["sentence_index"][row]) if "sentence_index" in arrays else row
+        token = int(ids[row, column])
+        raise DataError(
+            f"--input example {index + 1} ({examples[index].key}): token id {token} is beyond "
+            f"the encoder's embedding table ({vocab_size} rows, vocab_size in {model_dir}/config.json): the "
+            "tokenizer files and the weights come from different models"
+        )
 
 
 def stream(

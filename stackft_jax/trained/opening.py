@@ -12,7 +12,6 @@ training), and nothing goes through the workdir binding (workdirs.py).
 """
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from stackft_jax.config.spec import RunSpec
 from stackft_jax.data.task_spec import TaskSpec
 from stackft_jax.models import bert
 from stackft_jax.models.adaptation import EncoderAdaptation
+from stackft_jax.runtime import records
 from stackft_jax.runtime.cli_errors import DataError, UsageError
 from stackft_jax.trained import run_params
 from stackft_jax.training import build
@@ -31,6 +31,8 @@ from stackft_jax.training import build
 PARAMS = ("best", "last")
 HEAD_CONFIG = "head_config.json"  # an export's head, task and run (export.py)
 HEAD_WEIGHTS = "head.safetensors"
+EXPORT_AGAIN = "export the run again"
+TOKENIZER_RECORD = "tokenizer_files"  # head_config.json: {file name: sha256} of the export's tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +100,13 @@ def open_workdir(workdir: str | Path, *, params: str | None = None, phase: str |
             f"--workdir={workdir} is an export, not a run's workdir: pass it as --model={workdir}"
         )
     run_spec = run_params.recorded_spec(workdir)
+    _check_tokenizer(workdir, run_spec)
     results_file = workdir / "results.json"
-    results = json.loads(results_file.read_text()) if results_file.is_file() else None
+    results = (
+        records.read_json(results_file, records.RERUN_RESULTS.format(workdir=workdir), keys=("final",))
+        if results_file.is_file()
+        else None
+    )
     if params is not None and params not in PARAMS:
         raise UsageError(f"--params={params}: choose one of {PARAMS}")
     if phase is not None:
@@ -133,6 +140,19 @@ def open_workdir(workdir: str | Path, *, params: str | None = None, phase: str |
     return Source(workdir, run_spec, False, params, None, results)
 
 
+def _check_tokenizer(workdir: Path, run_spec: RunSpec) -> None:
+    """The model folder's tokenizer files must be those the run recorded (as a rerun of the run
+    requires): other files give other ids than its parameters learned."""
+    from stackft_jax.training import workdirs  # transformers, for the fingerprint: a workdir only
+
+    changes = workdirs.tokenizer_changes(workdir, bert.resolve_model_dir(run_spec.model.name_or_path))
+    if changes:
+        raise DataError(
+            f"{workdir}: {changes[0]}; its parameters expect the ids of the files it recorded "
+            f"({workdirs.DATA_FILE}): restore them"
+        )
+
+
 def _phase_done(workdir: Path, name: str) -> bool:
     from stackft_jax.training import checkpointing  # orbax: a workdir only, never an export
 
@@ -147,15 +167,25 @@ def open_export(folder: str | Path) -> Source:
         raise FileNotFoundError(
             f"--model={folder}: not an export of stackft_jax.export (no {HEAD_CONFIG} and {HEAD_WEIGHTS})"
         )
+    record = records.read_json(head_config, EXPORT_AGAIN, keys=("config", "run"))
     try:
-        record = json.loads(head_config.read_text())
         config = spec.config_from_plain(record["config"])
-        run = record["run"]
     except (ValueError, KeyError, TypeError, AttributeError) as error:
-        raise DataError(
-            f"{head_config}: not a readable export record ({type(error).__name__}: {error}); the file is "
-            "damaged or truncated: export the run again"
+        raise records.damaged(
+            head_config, f"its config: {type(error).__name__}: {error}", EXPORT_AGAIN
         ) from None
+    run = record["run"]
+    recorded = record.get(TOKENIZER_RECORD)  # exports before the key have none
+    if recorded is not None:
+        from stackft_jax.data import tokenization  # transformers: an export's fingerprint only
+
+        now = tokenization.tokenizer_fingerprint(folder)
+        differing = sorted(n for n in recorded.keys() | now.keys() if recorded.get(n) != now.get(n))
+        if differing:
+            raise DataError(
+                f"{folder}: its tokenizer files ({', '.join(differing)}) changed since the export wrote them "
+                f"({HEAD_CONFIG} `{TOKENIZER_RECORD}`); the model expects their ids: export the run again"
+            )
     config.model.name_or_path = str(folder)  # the record says "." (hf_export): the folder itself
     return Source(folder, spec.resolve(config, recorded=True), True, "last", None, run)
 

@@ -13,7 +13,6 @@ against the fingerprint of the frozen parameters it started from.
 Nothing here writes to the workdir (predict.py and export.py read runs that may still be training).
 """
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from flax import nnx
 from stackft_jax.config import spec
 from stackft_jax.config.spec import RunSpec
 from stackft_jax.models import bert
+from stackft_jax.runtime import records
 from stackft_jax.training import build, checkpointing, workdirs
 
 
@@ -33,7 +33,8 @@ def recorded_spec(workdir: str | Path) -> RunSpec:
     path = Path(workdir) / workdirs.CONFIG_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no recorded config (not a run's workdir)")
-    return spec.resolve(spec.config_from_plain(json.loads(path.read_text())["config"]), recorded=True)
+    recorded = records.read_json(path, records.RESTORE_CONFIG, keys=("config",))["config"]
+    return spec.resolve(spec.config_from_plain(recorded), recorded=True)
 
 
 def phase_names(run_spec: RunSpec) -> list[str]:
@@ -53,8 +54,16 @@ def best_params(workdir: str | Path, like: dict[str, Any] | None = None) -> tupl
         like = _initial_params(recorded_spec(workdir))
     one_device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one_device), like)
-    with ocp.StandardCheckpointer() as checkpointer:
-        return steps[-1], checkpointer.restore(folder / str(steps[-1]) / "params", target)
+    path = folder / str(steps[-1])
+    try:
+        with ocp.StandardCheckpointer() as checkpointer:
+            params = checkpointer.restore(path / "params", target)
+        with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
+            meta = checkpointer.restore(path, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+        checkpointing.verify(params, meta)
+    except Exception as error:  # orbax/tensorstore raise many types for a damaged file
+        raise checkpointing.unreadable(path, error) from None
+    return steps[-1], params
 
 
 def _initial_params(run_spec: RunSpec) -> dict[str, Any]:

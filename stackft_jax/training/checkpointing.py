@@ -20,8 +20,14 @@ optimizer. Orbax writes each checkpoint to a temporary directory and renames it 
 process killed mid-save leaves the previous checkpoint intact (the temporary directory is removed when
 the phase's checkpoints are next opened).
 
+Every checkpoint carries a checksum of its arrays (`content_sha256`, sha256 over each array's name,
+dtype, shape and bytes), written beside them at save (in its JSON item) and checked when it is read
+back: orbax notices a truncated file, but bytes flipped inside an array's data read back as other
+numbers. A checkpoint written before checksums has none and is read as before.
+
 A checkpoint that cannot be read (a truncated or deleted file: a full disk, a bad copy, a storage fault)
-is moved to `WORKDIR/checkpoints/unreadable/`, never deleted, and the next older one is tried; an
+or whose arrays differ from its checksum is moved to `WORKDIR/checkpoints/unreadable/`, never deleted,
+and the next older one is tried (a warning names it); an
 unreadable `<phase>_end` sends the phase back to its start (its periodic checkpoints are deleted once the
 boundary checkpoint is written: they hold the optimizer state, most of a run's disk use).
 """
@@ -40,7 +46,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from jax.sharding import Sharding
 
-from stackft_jax.runtime import cli_errors, sharding
+from stackft_jax.runtime import cli_errors, records, sharding
 from stackft_jax.training.optim import path_str
 
 log = logging.getLogger(__name__)
@@ -90,6 +96,35 @@ def hash_leaves(h: Any, tree: Any, skip: Any = None) -> None:
         array = sharding.local_copy(leaf)
         h.update(f"{jax.tree_util.keystr(path)}|{array.dtype}|{array.shape}".encode())
         h.update(np.ascontiguousarray(array).tobytes())
+
+
+CHECKSUM = "content_sha256"  # the key of a checkpoint's checksum in its JSON item
+
+
+class ChecksumMismatch(cli_errors.DataError):
+    """A checkpoint's arrays read back differ from the checksum written when it was saved."""
+
+
+def content_digest(tree: Any) -> str:
+    """sha256 over every leaf's name, dtype, shape and bytes, in name order: a tree read back with
+    string keys (`layers/"10"`) hashes as the integer-keyed tree it was saved from."""
+    h = hashlib.sha256()
+    leaves = sorted(jax.tree_util.tree_flatten_with_path(tree)[0], key=lambda item: path_str(item[0]))
+    for path, leaf in leaves:
+        array = np.ascontiguousarray(sharding.local_copy(leaf))
+        h.update(f"{path_str(path)}|{array.dtype}|{array.shape}".encode())
+        h.update(array.tobytes())
+    return h.hexdigest()
+
+
+def verify(tree: Any, recorded: dict[str, Any]) -> None:
+    """Raises ChecksumMismatch when `tree`, read back from a checkpoint, differs from the checksum its
+    JSON item `recorded` holds (a checkpoint without one predates checksums: accepted)."""
+    expected = recorded.get(CHECKSUM) if isinstance(recorded, dict) else None
+    if expected is not None and content_digest(tree) != expected:
+        raise ChecksumMismatch(
+            "its arrays differ from the checksum written when it was saved (bytes changed on disk since)"
+        )
 
 
 def frozen_fingerprint(params: Any, trained: Any) -> str:
@@ -185,7 +220,13 @@ class PhaseCheckpoints:
         """(step, state, loop meta) of the newest readable checkpoint, its frozen parameters taken from
         `start_params`; or None."""
         abstract = {**abstract_state, "params": trained_part(abstract_state["params"], self.trained)}
-        found = _newest_readable(self.manager, self.workdir, lambda step: self.restore(step, abstract))
+
+        def verified(step: int) -> tuple[dict[str, Any], dict]:
+            state, meta = self.restore(step, abstract)
+            verify(state, meta)
+            return state, meta
+
+        found = _newest_readable(self.manager, self.workdir, verified)
         if found is None:
             return None
         step, (state, meta) = found
@@ -201,7 +242,7 @@ class PhaseCheckpoints:
 
     def save(self, step: int, state: dict[str, Any], meta: dict[str, Any]) -> None:
         state = {**state, "params": trained_part(state["params"], self.trained)}
-        meta = {**meta, "frozen_fingerprint": self.frozen}
+        meta = {**meta, "frozen_fingerprint": self.frozen, CHECKSUM: content_digest(state)}
         self.manager.save(
             step,
             args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
@@ -230,13 +271,14 @@ def save_phase_end(
 ) -> None:
     """The phase's trained parameters (`trained_part`), its record, and `frozen`, the fingerprint of
     the frozen parameters it started from and ended with."""
+    part = trained_part(params, trained)
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
         checkpointer.save(
             phase_end_path(workdir, phase),
             args=ocp.args.Composite(
-                params=ocp.args.StandardSave(trained_part(params, trained)),
+                params=ocp.args.StandardSave(part),
                 record=ocp.args.JsonSave(record),
-                frozen=ocp.args.JsonSave({"fingerprint": frozen}),
+                frozen=ocp.args.JsonSave({"fingerprint": frozen, CHECKSUM: content_digest(part)}),
             ),
         )
 
@@ -263,6 +305,7 @@ def load_phase_end(
                     frozen=ocp.args.JsonRestore(),
                 ),
             )
+        verify(restored.params, restored.frozen)
     except Exception as error:  # orbax/tensorstore raise many types for a damaged file
         _move_aside(path, Path(workdir).absolute(), error)
         return None
@@ -276,17 +319,27 @@ def read_phase_end(workdir: str | Path, phase: str) -> tuple[dict[str, Any], dic
     fingerprint of the frozen parameters it started from)."""
     path = phase_end_path(workdir, phase)
     one_device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    with ocp.StandardCheckpointer() as checkpointer:  # whatever devices or processes wrote it
-        target = jax.tree.map(
-            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one_device),
-            checkpointer.metadata(path / "params").item_metadata,
-        )
-        part = checkpointer.restore(path / "params", target)
-    with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
-        restored = checkpointer.restore(
-            path, args=ocp.args.Composite(record=ocp.args.JsonRestore(), frozen=ocp.args.JsonRestore())
-        )
+    try:
+        with ocp.StandardCheckpointer() as checkpointer:  # whatever devices or processes wrote it
+            target = jax.tree.map(
+                lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one_device),
+                checkpointer.metadata(path / "params").item_metadata,
+            )
+            part = checkpointer.restore(path / "params", target)
+        with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
+            restored = checkpointer.restore(
+                path, args=ocp.args.Composite(record=ocp.args.JsonRestore(), frozen=ocp.args.JsonRestore())
+            )
+        verify(part, restored.frozen)
+    except Exception as error:  # orbax/tensorstore raise many types for a damaged file
+        raise unreadable(path, error) from None
     return part, restored.record, restored.frozen["fingerprint"]
+
+
+def unreadable(path: Path, error: Exception) -> records.DamagedRecord:
+    """The one line for a checkpoint a command that only reads (predict, export) cannot use."""
+    first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+    return records.damaged(path, f"{type(error).__name__}: {first}", records.RESUME_CHECKPOINT)
 
 
 def discard_periodic(workdir: str | Path, phase: str) -> None:
@@ -313,17 +366,21 @@ class BestCheckpoint:
 
     def restore_latest(self, abstract_params: Any) -> tuple[int, Any] | None:
         """(global step, parameters) of the newest readable best checkpoint, or None."""
-        return _newest_readable(
-            self.manager,
-            self.workdir,
-            lambda step: (
-                self.manager.restore(
-                    step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params))
-                ).params
-            ),
-        )
+
+        def verified(step: int) -> Any:
+            restored = self.manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    params=ocp.args.StandardRestore(abstract_params), meta=ocp.args.JsonRestore()
+                ),
+            )
+            verify(restored.params, restored.meta)
+            return restored.params
+
+        return _newest_readable(self.manager, self.workdir, verified)
 
     def save(self, global_step: int, params: Any, meta: dict[str, Any]) -> None:
+        meta = {**meta, CHECKSUM: content_digest(params)}
         self.manager.save(
             global_step,
             args=ocp.args.Composite(params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta)),

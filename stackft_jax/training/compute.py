@@ -34,7 +34,6 @@ kind plus backbone rules) counts as fine-tuning: an upper bound.
 """
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from typing import Any
 from stackft_jax.config import phases, spec
 from stackft_jax.config.spec import RunSpec
 from stackft_jax.models import adaptation, flops
+from stackft_jax.runtime import records
 from stackft_jax.training import build
 
 RESULTS_KEY = "compute"  # results.json's record of it
@@ -249,11 +249,13 @@ def run_compute(run_dir: str | Path) -> dict[str, Any] | None:
     results_file = run_dir / "results.json"
     if not results_file.is_file():
         return None
-    results = json.loads(results_file.read_text())
-    if "config" not in results or "global_batch_size" not in results:  # a hand-written record
+    results = records.read_json(results_file, records.RERUN_RESULTS.format(workdir=run_dir))
+    hand_written = not isinstance(results, dict) or not {"config", "global_batch_size"} <= results.keys()
+    if hand_written:
         return None
     timings_file = run_dir / TIMINGS_FILE
-    timings = json.loads(timings_file.read_text()) if timings_file.is_file() else None
+    remedy = records.RERUN_RESULTS.format(workdir=run_dir)
+    timings = records.read_json(timings_file, remedy) if timings_file.is_file() else None
     run_spec = spec.resolve(spec.config_from_plain(results["config"]), recorded=True)
     return of_results(run_spec, results, timings)
 

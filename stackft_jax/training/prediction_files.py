@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from stackft_jax.runtime import records as run_records
+
 COMPRESSED = ".gz"
 
 
@@ -67,18 +69,24 @@ def compress(workdir: str | Path) -> list[Path]:
 
 
 def read(file: str | Path) -> dict[str, dict[str, Any]]:
-    """key -> record, in file order; a record without a key, or a key twice, is an error at its line."""
+    """key -> record, in file order; a record without a key, or a key twice, is an error at its line;
+    a damaged file (cut, not JSON) is one line naming it (records.py): the run writes it again."""
     records: dict[str, dict[str, Any]] = {}
     file = Path(file)
-    with gzip.open(file, "rt") if file.suffix == COMPRESSED else file.open() as f:
-        for number, line in enumerate(f, start=1):
-            record = json.loads(line)
-            key = record.get("key")
-            if key is None:
-                raise ValueError(f"{file}:{number}: record has no `key`")
-            if key in records:
-                raise ValueError(f"{file}:{number}: key {key!r} appears twice")
-            records[key] = record
+    remedy = run_records.RERUN_RESULTS.format(workdir=file.parent.parent)  # WORKDIR/predictions/<file>
+    try:
+        with gzip.open(file, "rt") if file.suffix == COMPRESSED else file.open() as f:
+            lines = list(f)
+    except (EOFError, gzip.BadGzipFile, UnicodeDecodeError) as error:
+        raise run_records.damaged(file, f"{type(error).__name__}: {error}", remedy) from None
+    for number, line in enumerate(lines, start=1):
+        record = run_records.parse_json(line, f"{file}:{number}", remedy)
+        key = record.get("key") if isinstance(record, dict) else None
+        if key is None:
+            raise ValueError(f"{file}:{number}: record has no `key`")
+        if key in records:
+            raise ValueError(f"{file}:{number}: key {key!r} appears twice")
+        records[key] = record
     return records
 
 

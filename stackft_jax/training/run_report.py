@@ -5,6 +5,7 @@ than the restored checkpoint are dropped first, so an interrupted run's file end
 uninterrupted one's."""
 
 import json
+import logging
 import math
 import os
 import struct
@@ -13,7 +14,10 @@ from typing import Any
 
 import jax
 
+from stackft_jax.runtime import records
 from stackft_jax.training import prediction_files
+
+log = logging.getLogger(__name__)
 
 
 def _finite_or_none(value: float) -> float | None:
@@ -58,6 +62,12 @@ class RunReport:
         self.enabled = jax.process_index() == 0
         self.metrics_path = self.workdir / "metrics.jsonl"
         self._tb = None
+        # Damage is refused before any work; a last line cut by a kill goes before anything is appended.
+        if self.enabled and self.metrics_path.exists():
+            written, cut = records.read_jsonl(self.metrics_path, records.FIX_METRICS)
+            if cut:
+                log.warning("%s: its last line was cut mid-write (a killed run); left out", self.metrics_path)
+                self._write_records(written)
 
     @property
     def tensorboard(self):
@@ -68,20 +78,23 @@ class RunReport:
         return self._tb
 
     def records(self) -> list[dict[str, Any]]:
+        """The evaluations metrics.jsonl holds; damage is one line naming the file and line
+        (records.py), a last line cut by a kill mid-write is left out."""
         if not self.metrics_path.exists():
             return []
-        with self.metrics_path.open() as f:
-            return [json.loads(line) for line in f if line.strip()]
+        return records.read_jsonl(self.metrics_path, records.FIX_METRICS)[0]
+
+    def _write_records(self, kept: list[dict[str, Any]]) -> None:
+        tmp = self.metrics_path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        os.replace(tmp, self.metrics_path)
 
     def keep_records(self, keep) -> None:
         """Rewrites metrics.jsonl with only the records for which `keep(record)` is true, in training
         order (a phase run again after its boundary checkpoint was lost appends after later phases)."""
         if not self.enabled or not self.metrics_path.exists():
             return
-        kept = sorted((r for r in self.records() if keep(r)), key=lambda r: r["global_step"])
-        tmp = self.metrics_path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, self.metrics_path)
+        self._write_records(sorted((r for r in self.records() if keep(r)), key=lambda r: r["global_step"]))
 
     def sort_records(self) -> None:
         self.keep_records(lambda record: True)
@@ -108,6 +121,16 @@ class RunReport:
             self.tensorboard.add_scalar(f"train/{name}", value, global_step)
 
     def results(self, results: dict[str, Any]) -> None:
+        """Writes results.json; a final loss that is not finite is no result (FloatingPointError, exit
+        1): nothing then reads the run as finished (predict, export, ensembles, a grid's report)."""
+        for split, scores in results.get("final", {}).items():
+            loss = scores.get("loss")
+            if loss is not None and not math.isfinite(loss):
+                raise FloatingPointError(
+                    f"{self.workdir}: the final {split} loss is {loss}: the scored parameters give "
+                    "non-finite outputs (a diverged run, or parameters damaged on disk), so results.json "
+                    "is not written; rerun in a new --workdir (with a lower learning rate if it diverged)"
+                )
         if not self.enabled:
             return
         tmp = self.workdir / "results.json.tmp"

@@ -62,6 +62,8 @@ def run(
     workdir = Path(workdir)
     if workdir.exists() and not workdir.is_dir():
         raise UsageError(f"--workdir={workdir} is a file: a workdir is a folder (give a new path)")
+    # Another tool's folder, a grid's, an export: refused before anything is written into it.
+    workdirs.refuse_foreign(workdir, workdirs.RUN)
     build.resolve_encoder(run_spec)  # the model folder's checks (tokenizer, positions) before any write
     workdir.mkdir(parents=True, exist_ok=True)  # a read-only parent: one line (cli_errors, PermissionError)
     if not os.access(workdir, os.W_OK):  # exit 1, as a read-only parent (cli_errors: a read-only folder)

@@ -10,7 +10,10 @@
 
 A rerun resumes only the run its workdir belongs to: if a key that changes results differs from the
 recorded config, or a data file's content changed, the rerun is refused before any work, naming the
-differing keys or the file. A grid workdir is bound to its grid config the same way (GRID below).
+differing keys or the file. A grid workdir is bound to its grid config the same way (GRID below). A
+workdir is new, empty, or its kind's own by these marker files (`refuse_foreign`): another tool's folder,
+an export, a model folder, or a grid's folder for a run (a run's for a grid) is refused before anything
+is written into it. The records are read through runtime/records.py: a damaged one is one line.
 """
 
 import contextlib
@@ -31,7 +34,7 @@ import jax
 
 from stackft_jax.config import spec
 from stackft_jax.config.spec import RunSpec
-from stackft_jax.runtime import cli_errors
+from stackft_jax.runtime import cli_errors, records
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +151,13 @@ class Binding:
     history_file: str
     neutral_keys: frozenset[str]  # keys that may differ on a rerun
     progress: tuple[str, ...]  # entries that show the workdir did work
+    keys: tuple[str, ...]  # what its recorded config file holds (records.read_json)
+    remedy: str  # what to do when that file is damaged
 
 
-RUN = Binding("a run", CONFIG_FILE, HISTORY_FILE, RESULT_NEUTRAL_KEYS, PROGRESS)
+RUN = Binding(
+    "a run", CONFIG_FILE, HISTORY_FILE, RESULT_NEUTRAL_KEYS, PROGRESS, ("config",), records.RESTORE_CONFIG
+)
 # A grid's cells are runs; its report, ensembles and paper figures come from them. These keys only shape
 # the report (which rows, the paper's figures, the statistics' settings): changing them on a grid workdir
 # rewrites the report and retrains nothing.
@@ -161,7 +168,80 @@ GRID = Binding(
     "grid_config_history.jsonl",
     frozenset(f"grid.{key}" for key in GRID_REPORT_ONLY_KEYS),
     ("runs", "ensembles", "report.json", "report.md"),
+    ("grid",),
+    records.RESTORE_GRID_CONFIG,
 )
+
+
+# What a run's lock leaves in a folder before anything else (a run refused before binding its workdir).
+_LOCKS = "locks"
+EXPORT_RECORD = "head_config.json"  # an export folder's (trained/opening.py HEAD_CONFIG)
+
+
+def _kind_of(folder: Path) -> str:
+    """What `folder` is, by its marker files: "new" (absent, empty, or only a refused run's locks/),
+    "run", "grid", "export", "model", or "other"."""
+    if not folder.exists():
+        return "new"
+    entries = {p.name for p in folder.iterdir()}
+    if entries <= {_LOCKS}:
+        return "new"
+    if EXPORT_RECORD in entries:
+        return "export"
+    if GRID.config_file in entries or _holds_grid_runs(folder, entries):
+        return "grid"
+    if _is_run_workdir(folder):
+        return "run"
+    weights = (".safetensors", ".bin", ".msgpack", ".h5")
+    if CONFIG_FILE in entries and any(name.endswith(weights) for name in entries):
+        return "model"
+    return "other"
+
+
+# What a grid's folder holds (a grid's runs copied without its grid_config.json are one too).
+_GRID_ENTRIES = frozenset(
+    {*GRID.progress, GRID.config_file, GRID.history_file, "figures", "feature_cache", _LOCKS}
+)
+
+
+def _holds_grid_runs(folder: Path, entries: set[str]) -> bool:
+    runs = folder / "runs"
+    return (
+        runs.is_dir()
+        and all(name in _GRID_ENTRIES or name.startswith("replaced-") for name in entries)
+        and all(run.is_dir() and _kind_of(run) in ("new", "run") for run in runs.iterdir())
+    )
+
+
+_WHAT = {
+    "export": f"an export folder ({EXPORT_RECORD}); predict reads it with --model",
+    "model": "a model folder (config.json and weights); a run reads it with --config.model.name_or_path",
+    "grid": f"a grid's workdir ({GRID.config_file}, runs/); python -m stackft_jax.experiment continues it",
+    "run": f"a run's workdir ({CONFIG_FILE}, {DATA_FILE}); python -m stackft_jax.main continues it",
+}
+
+
+def refuse_foreign(workdir: str | Path, binding: Binding) -> None:
+    """A workdir is new, empty, or one of `binding`'s kind (a run's for `RUN`, a grid's for `GRID`), by
+    its marker files; any other folder is refused (UsageError naming what it is) before anything is
+    written into it: a rerun must never mix its files with another tool's, run's or grid's."""
+    folder = Path(workdir)
+    if folder.exists() and not folder.is_dir():
+        return  # the caller's own one line: a workdir is a folder
+    kind = _kind_of(folder)
+    own = "run" if binding is RUN else "grid"
+    if kind in ("new", own):
+        return
+    if kind == "other":
+        names = sorted(p.name for p in folder.iterdir())
+        listed = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+        what = f"holds files this tool did not write ({listed})"
+    else:
+        what = f"is {_WHAT[kind]}"
+    raise cli_errors.UsageError(
+        f"--workdir={workdir} {what}; a {'grid' if own == 'grid' else 'run'}'s workdir is a new or empty "
+        f"folder or {binding.what}'s own: choose a new --workdir (nothing was written)"
+    )
 
 
 def bind_config(
@@ -184,8 +264,16 @@ def bind_config(
     # JSON round trip: the comparison sees what a later rerun will read back (tuples become lists).
     record = json.loads(json.dumps(record))
     differences: dict[str, tuple] = {}
+    recorded = None
     if path.exists():
-        recorded = json.loads(path.read_text())
+        try:
+            recorded = records.read_json(path, binding.remedy, keys=binding.keys)
+        except records.DamagedRecord:
+            if not allow_change:
+                raise
+            _set_aside_damaged(workdir, path, binding)
+            recorded = None
+    if recorded is not None:
         differences = (
             config_differences(recorded, record, neutral=binding.neutral_keys)
             if compare is None
@@ -216,6 +304,22 @@ def bind_config(
         workdir.mkdir(parents=True, exist_ok=True)
         _write_json_atomically(path, record)
     return differences
+
+
+def _set_aside_damaged(workdir: Path, path: Path, binding: Binding) -> None:
+    """--allow_config_change over a damaged record: what it bound cannot be compared, so a run's
+    progress is set aside (WORKDIR/replaced-<time>/) and the damaged file is kept there beside it; a
+    grid's runs stay (each keeps its own binding) and only its damaged record moves there. The caller
+    then writes the new record in its place."""
+    if jax.process_index() != 0:
+        return
+    reason = f"--allow_config_change over the damaged {path.name}"
+    target = set_aside_progress(workdir, reason) if binding is RUN else None
+    if target is None:
+        target = workdir / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+        target.mkdir(parents=True, exist_ok=True)
+    os.replace(path, target / path.name)
+    log.warning("%s: %s is damaged; kept as %s, and this command's record replaces it", workdir, path, target)
 
 
 # Keys whose change makes another phase plan: the old plan's checkpoints and best must not be resumed.
@@ -323,7 +427,22 @@ def fingerprint_changes(recorded: Mapping[str, Any], current: Mapping[str, Any])
 
 def read_fingerprints(workdir: Path) -> dict[str, Any]:
     path = Path(workdir) / DATA_FILE
-    return json.loads(path.read_text()) if path.exists() else {}
+    if not path.exists():
+        return {}
+    recorded = records.read_json(path, records.RESTORE_DATA_FILES)
+    if not isinstance(recorded, dict) or not all(isinstance(v, dict) for v in recorded.values()):
+        raise records.damaged(path, "not a record of files", records.RESTORE_DATA_FILES)
+    return recorded
+
+
+def tokenizer_changes(workdir: Path, model_dir: Path) -> list[str]:
+    """How the tokenizer files of `model_dir` now differ from those the run in `workdir` recorded
+    (data_files.json); [] when they match or it recorded none. Reads only: predict and export ask it
+    as a rerun's binding does, since the run's parameters expect the ids of its own tokenizer."""
+    recorded = read_fingerprints(workdir).get(TOKENIZER_KEY)
+    if not recorded:
+        return []
+    return fingerprint_changes({TOKENIZER_KEY: recorded}, {TOKENIZER_KEY: _tokenizer_record(model_dir)})
 
 
 def input_changes(workdir: Path, run_spec: RunSpec) -> list[str]:
@@ -350,7 +469,13 @@ def bind_data(
     progress is set aside (replaced-<time>/) and the old record goes to the config history, as for a
     change of strategy: nothing of the old input is mixed with the new."""
     workdir = Path(workdir)
-    recorded = read_fingerprints(workdir)
+    try:
+        recorded = read_fingerprints(workdir)
+    except records.DamagedRecord:
+        if not allow_change:
+            raise
+        _set_aside_damaged(workdir, workdir / DATA_FILE, RUN)
+        recorded = {}
     current = current_fingerprints(files, model_dir, recorded)
     changes = fingerprint_changes(recorded, current) if holds_progress(workdir) else []
     if changes and not allow_change:
