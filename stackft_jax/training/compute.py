@@ -178,8 +178,12 @@ def of_results(
     train_lengths: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """The compute of a finished run from its results.json (`results`) and, for runs that did not record
-    which feature caches they built, its timings.json. The shape is `run_compute`'s; with the train
-    split's `lengths` (train.run has them) each phase also counts its batches' real and padding tokens."""
+    which feature caches they built, its timings.json. The shape is `run_compute`'s. Each phase's real
+    and padding tokens are counted from the train split's `lengths` (train.run has them), else read
+    from the record's own `compute` (runs recorded before the counts have none)."""
+    recorded = (results.get(RESULTS_KEY) or {}).get("phases", [])
+    if not (len(recorded) == len(results["phases"]) and all("tokens_real" in p for p in recorded)):
+        recorded = None
     model, _ = _model(run_spec)
     blocks = {phase.name: phase for phase in run_spec.phases}
     batch = results["global_batch_size"]
@@ -210,6 +214,8 @@ def of_results(
                     train_lengths=train_lengths,
                 )
             )
+        elif recorded is not None:
+            per_phase[-1].update({measure: recorded[index][measure] for measure in TOKEN_MEASURES})
     wall = results.get("wall_time_s")
     if wall is None and timings is not None:
         wall = timings.get("total_s")
