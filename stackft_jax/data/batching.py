@@ -15,7 +15,9 @@ How training draws its rows (`config.batching.scheme`, `TrainOrder`):
   length_grouped  the same permutation cut into mega-batches of `group_batches` batches; each mega-batch
                   sorted by length and cut into batches, so a batch holds rows of similar length and
                   pads little; then the epoch's batches in a seeded random order. Every row is still
-                  seen once per epoch, and each batch's rows are still a random draw of the epoch.
+                  seen once per epoch (the same rows as random's), but rows of similar length share
+                  batches: a batch's composition follows length, which is why its dev scores are
+                  checked against the seed-to-seed spread (benchmarks/RESULTS.md).
 Training buckets are every `bucket_tokens` tokens up to max_seq_length (`train_buckets`): a phase's
 train step compiles at most ceil(max_seq_length / bucket_tokens) times (8 at 128 tokens in steps of 16).
 """
