@@ -4,8 +4,9 @@
   python -m benchmarks.compile_count --quick         # 2 epochs per phase, 2 buckets (the smoke test)
 
 Runs `stackft_jax.training.train.run` (strategy stack_and_finetune: phase 1, then phase 2) on configs/tiny.py
-with `max_seq_length` 128, so batches are padded to the buckets (32, 64, 128), on a synthetic QQP file
-whose pairs are spread over all three buckets (the packaged fixtures are all under 32 tokens, which would
+with `max_seq_length` 128, so evaluation batches are padded to the buckets (32, 64, 128) and training
+batches to config.batching's (every 16 tokens by default), on a synthetic QQP file whose pairs are
+spread over all three doubling buckets (the packaged fixtures are all under 32 tokens, which would
 exercise one bucket only). `--train-file/--dev-file` take real files instead.
 
 How compilations are counted: a `jax.monitoring` duration listener on
@@ -28,6 +29,7 @@ import numpy as np
 
 from benchmarks.machine import machine_info, write_json
 from configs import tiny
+from stackft_jax.config import spec
 from stackft_jax.data import batching
 from stackft_jax.training import loop, train
 
@@ -126,7 +128,13 @@ def make_config(args: argparse.Namespace, data_dir: Path, num_devices: int):
     return config, per_epoch
 
 
-def summarize(log: CompileLog, steps_per_epoch: int, buckets: tuple[int, ...], phase_names) -> dict:
+def summarize(
+    log: CompileLog,
+    steps_per_epoch: int,
+    buckets: tuple[int, ...],
+    phase_names,
+    train_buckets: tuple[int, ...],
+) -> dict:
     by_name = collections.Counter(e["fun_name"] for e in log.events)
     per_phase = {}
     for name in phase_names:
@@ -144,7 +152,8 @@ def summarize(log: CompileLog, steps_per_epoch: int, buckets: tuple[int, ...], p
             "events_after_first_epoch": after_warmup,
         }
     step_compiles = by_name.get("train_step", 0) + by_name.get("eval_step", 0)
-    step_bound = len(buckets) * (len(phase_names) + 1)  # train per (phase, bucket) + eval per bucket
+    # train per (phase, training bucket: config.batching) + eval per (evaluation) bucket
+    step_bound = len(train_buckets) * len(phase_names) + len(buckets)
     return {
         "total_compiles": len(log.events),
         "by_function": dict(by_name.most_common()),
@@ -183,9 +192,10 @@ def main(argv: list[str] | None = None) -> dict:
         data_dir = Path(tmp)
         config, per_epoch = make_config(args, data_dir, jax.device_count())
         buckets = batching.length_buckets(config.max_seq_length)
+        train_buckets = spec.resolve(config).train_order.buckets
         results = train.run(config, data_dir / "workdir", observer=log)
     phase_names = [p["phase"] for p in results["phases"]]
-    summary = summarize(log, per_epoch, buckets, phase_names)
+    summary = summarize(log, per_epoch, buckets, phase_names, train_buckets)
     print(
         f"{jax.device_count()} device(s), buckets {buckets}, {per_epoch} steps/epoch, "
         f"{args.epochs} epochs per phase, phases {phase_names}"
@@ -200,7 +210,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
     print(
         f"train_step + eval_step compilations {summary['train_and_eval_step_compiles']} <= "
-        f"{len(buckets)} buckets x ({len(phase_names)} train phases + eval) = "
+        f"{len(train_buckets)} training buckets x {len(phase_names)} phases + {len(buckets)} eval buckets = "
         f"{summary['train_and_eval_step_bound']}: {summary['within_bound']}; "
         f"other {summary['other_compiles']}; after the first epoch: "
         f"{summary['compiles_after_first_epoch']}"
@@ -210,6 +220,7 @@ def main(argv: list[str] | None = None) -> dict:
         "machine": machine_info(),
         "args": vars(args),
         "buckets": list(buckets),
+        "train_buckets": list(train_buckets),
         "steps_per_epoch": per_epoch,
         "steps_per_phase": {p["phase"]: p["steps"] for p in results["phases"]},
         **summary,

@@ -23,6 +23,7 @@ from benchmarks import (
     gemm,
     grid_cost,
     grid_sharing,
+    grouped_batches,
     input_pipeline,
     memory,
     model_variants,
@@ -123,7 +124,7 @@ def test_compile_count(tmp_path):
         "phase2": 2 * payload["steps_per_epoch"],
     }
     assert payload["within_bound"]
-    assert 0 < payload["by_function"]["train_step"] <= 2 * len(payload["buckets"])
+    assert 0 < payload["by_function"]["train_step"] <= 2 * len(payload["train_buckets"])
     assert 0 < payload["by_function"]["eval_step"] <= len(payload["buckets"])
     assert payload["compiles_after_first_epoch"] == 0
 
@@ -322,6 +323,23 @@ def test_time_to_result(tmp_path):
     # The warm run loads its programs from the cold run's persistent cache instead of compiling them:
     # counted in cache files, which no load on the machine changes (its seconds do).
     assert runs["warm"]["compilation_cache_files_added"] < runs["cold"]["compilation_cache_files_added"]
+
+
+@pytest.mark.slow
+def test_grouped_batches(tmp_path):
+    out = tmp_path / "grouped_batches.json"
+    payload = grouped_batches.main(["--quick", f"--out={out}"])
+    assert _read(out)["results"] == payload["results"]
+    record = payload["results"]["tiny"]
+    runs = record["runs"]
+    assert set(runs) == {"old", "new"}
+    for kind, run in runs.items():
+        assert run["steps"] == 4 and run["cpu_s"] > 0 and run["wall_s"] > 0
+        assert "accuracy" in run["dev"]
+        # The run's own count (results.json compute) is the offline count of the same scheme.
+        scheme = {"old": "random / doubling", "new": "length_grouped / 16"}[kind]
+        assert run["real_token_share"] == record["offline"]["shares"][scheme]["real_token_share"]
+    assert "| tiny | old / new |" in payload["table_markdown"]
 
 
 @pytest.mark.slow

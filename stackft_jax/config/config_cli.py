@@ -37,6 +37,8 @@ from stackft_jax.runtime.cli_errors import ConfigError, ConfigFileError, UserErr
 SHORTHANDS = {"task": "data.task", "head": "head.name"}
 _BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 OVERRIDE_PREFIX = "--config."
+# What runs recorded before config.batching existed ran (data/batching.py's random scheme).
+LEGACY_BATCHING = {"scheme": "random", "bucket_tokens": 0, "group_batches": 50}
 
 
 def flat_keys(config: ml_collections.ConfigDict, prefix: str = "") -> Iterator[str]:
@@ -420,8 +422,10 @@ def _recorded_block(plain: Mapping[str, Any]) -> ml_collections.ConfigDict:
 def with_legacy_keys(plain: Mapping[str, Any]) -> dict[str, Any]:
     """A recorded config (JSON form) with the keys it predates set to what its run did: phases without
     `gap_metric` compared the task's `legacy_gap_metric` (token accuracy on NER, not entity F1); a
-    `feature_cache_dir` in a phase block (before it became a run option) is the run's."""
+    `feature_cache_dir` in a phase block (before it became a run option) is the run's; a config without
+    the `batching` block drew random batches in the doubling buckets (data/batching.py)."""
     plain = copy.deepcopy(dict(plain))
+    plain.setdefault("batching", dict(LEGACY_BATCHING))
     phase_blocks = [plain.get("phase1"), *(plain.get("phases") or [])]
     folders = [
         b.pop("feature_cache_dir") for b in phase_blocks if isinstance(b, dict) and "feature_cache_dir" in b

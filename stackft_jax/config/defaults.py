@@ -42,6 +42,16 @@ def get_config() -> ml_collections.ConfigDict:
     c.max_seq_length = 128  # tokens per example; batches are padded to length buckets up to it
     c.per_device_batch_size = 32  # training batch per device; global batch = this x device count
     c.eval_per_device_batch_size = 64  # evaluation batch per device (does not change results)
+    # How training draws its batches (stackft_jax/data/batching.py). Runs recorded before this block
+    # read as scheme=random, bucket_tokens=0 (what they ran).
+    c.batching = ml_collections.ConfigDict()
+    # length_grouped (each mega-batch of group_batches batches sorted by length, batches in random
+    # order: less padding) | random (each epoch's permutation cut in order)
+    c.batching.scheme = "length_grouped"
+    # Training batches pad to the next multiple of this (or max_seq_length): a phase's train step compiles
+    # at most ceil(max_seq_length / bucket_tokens) times; 0: the doubling buckets 32, 64, ..., max_seq_length
+    c.batching.bucket_tokens = 16
+    c.batching.group_batches = 50  # length_grouped: batches per mega-batch sorted by length
 
     c.model = ml_collections.ConfigDict()
     # Hub id or local folder of a BERT, RoBERTa, XLM-R, ELECTRA or DistilBERT (config.json model_type),

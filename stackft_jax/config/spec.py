@@ -22,7 +22,7 @@ from typing import Any
 import ml_collections
 
 from stackft_jax.config import config_cli, defaults, phases
-from stackft_jax.data import task_spec, tasks
+from stackft_jax.data import batching, task_spec, tasks
 from stackft_jax.data.task_spec import TaskSpec
 from stackft_jax.models import adaptation as adaptation_kinds
 from stackft_jax.models import heads
@@ -109,6 +109,7 @@ class RunSpec:
     async_checkpointing: bool
     compilation_cache_dir: str
     feature_cache_dir: str  # "": the workdir's (or a grid's); "none": the workdir's; else a shared folder
+    train_order: batching.TrainOrder  # config.batching: how training batches are drawn
     model: ModelSpec
     encoder: phases.EncoderShape  # read from the model's config.json (with model.config_overrides)
     # The adaptation kinds the phases use, each with its options (config.adaptation.<kind>), and the
@@ -144,6 +145,7 @@ def resolve(
     shape when the caller has it (else read from the model's config.json, downloaded for a hub id)."""
     _check_options(config)
     adaptation_kinds.check_options(config.adaptation.to_dict())  # every kind's, used or not
+    train_order = _train_order(config)
     task = _task(config)
     _check_gap_metrics(config, task)
     head = _head(config, task)
@@ -182,6 +184,7 @@ def resolve(
         async_checkpointing=config.async_checkpointing,
         compilation_cache_dir=config.compilation_cache_dir,
         feature_cache_dir=config.feature_cache_dir,
+        train_order=train_order,
         model=model,
         encoder=encoder,
         adaptation_options=options,
@@ -311,6 +314,26 @@ def _lookup(config: ml_collections.ConfigDict, key: str) -> Any:
     for part in key.split("."):
         config = config[part]
     return config
+
+
+def _train_order(config: ml_collections.ConfigDict) -> batching.TrainOrder:
+    """config.batching, checked against max_seq_length (a bucket list that fits it, a bounded count)."""
+    block = config.batching
+    _choice("batching.scheme", block.scheme, batching.SCHEMES)
+    width, length = block.bucket_tokens, config.max_seq_length
+    if width != 0 and not MIN_SEQ_LENGTH <= width <= length:
+        raise ConfigError(
+            f"config.batching.bucket_tokens={width}: a bucket width from {MIN_SEQ_LENGTH} to max_seq_length "
+            f"({length}) tokens, or 0 for the doubling buckets {batching.length_buckets(length)}"
+        )
+    if block.group_batches < 1:
+        raise ConfigError(
+            f"config.batching.group_batches={block.group_batches}: at least 1 (batches per mega-batch "
+            "sorted by length)"
+        )
+    return batching.TrainOrder.of(
+        block.scheme, max_seq_length=length, bucket_tokens=width, group_batches=block.group_batches
+    )
 
 
 def _task(config: ml_collections.ConfigDict) -> TaskSpec:

@@ -8,8 +8,21 @@ compilations, and words need no bucket of their own). `lengths` becomes `attenti
 
 With B fixed and L drawn from `buckets`, a jitted step compiles at most len(buckets) times.
 Training batches are a pure function of (seed, step), so resuming needs only the step number.
+
+How training draws its rows (`config.batching.scheme`, `TrainOrder`):
+  random          each epoch a fresh permutation, cut into consecutive batches (the runs recorded
+                  before the key existed ran this)
+  length_grouped  the same permutation cut into mega-batches of `group_batches` batches; each mega-batch
+                  sorted by length and cut into batches, so a batch holds rows of similar length and
+                  pads little; then the epoch's batches in a seeded random order. Every row is still
+                  seen once per epoch (the same rows as random's), but rows of similar length share
+                  batches: a batch's composition follows length, which is why its dev scores are
+                  checked against the seed-to-seed spread (benchmarks/RESULTS.md).
+Training buckets are every `bucket_tokens` tokens up to max_seq_length (`train_buckets`): a phase's
+train step compiles at most ceil(max_seq_length / bucket_tokens) times (8 at 128 tokens in steps of 16).
 """
 
+import dataclasses
 from collections.abc import Iterator
 
 import numpy as np
@@ -34,6 +47,42 @@ def length_buckets(max_seq_length: int, min_bucket: int = 32) -> tuple[int, ...]
     return (*buckets, max_seq_length)
 
 
+RANDOM, LENGTH_GROUPED = "random", "length_grouped"
+SCHEMES = (LENGTH_GROUPED, RANDOM)
+GROUP_BATCHES = 50  # batches per length-sorted mega-batch (the default of config.batching.group_batches)
+
+
+def train_buckets(max_seq_length: int, bucket_tokens: int) -> tuple[int, ...]:
+    """The training batches' lengths: every `bucket_tokens` tokens up to `max_seq_length` (which ends
+    the list), or with 0 the doubling buckets of `length_buckets` (what evaluation uses)."""
+    if bucket_tokens == 0:
+        return length_buckets(max_seq_length)
+    if not 0 < bucket_tokens <= max_seq_length:
+        raise ValueError(f"need 0 < bucket_tokens <= max_seq_length, got {bucket_tokens}, {max_seq_length}")
+    return (*range(bucket_tokens, max_seq_length, bucket_tokens), max_seq_length)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainOrder:
+    """How a phase's training batches are drawn (module docstring): `scheme` in SCHEMES, the batch
+    lengths `buckets`, and for length_grouped the batches per sorted mega-batch."""
+
+    scheme: str = RANDOM
+    buckets: tuple[int, ...] = (128,)
+    group_batches: int = GROUP_BATCHES
+
+    @classmethod
+    def of(cls, scheme: str, *, max_seq_length: int, bucket_tokens: int, group_batches: int) -> "TrainOrder":
+        if scheme not in SCHEMES:
+            raise ValueError(f"unknown batching scheme {scheme!r}: choose {' or '.join(SCHEMES)}")
+        return cls(scheme, train_buckets(max_seq_length, bucket_tokens), group_batches)
+
+    @property
+    def max_compilations(self) -> int:
+        """Train-step compilations per phase at most: one per bucket."""
+        return len(self.buckets)
+
+
 def steps_per_epoch(num_examples: int, global_batch_size: int) -> int:
     """Full batches per epoch; the dropped remainder differs per epoch, as each is reshuffled."""
     if num_examples < global_batch_size:
@@ -44,8 +93,36 @@ def steps_per_epoch(num_examples: int, global_batch_size: int) -> int:
     return num_examples // global_batch_size
 
 
+def phase_seed(seed: int, phase_index: int) -> int:
+    """The data-order seed of a run's phase: each phase draws its own stream."""
+    return seed * 1000 + phase_index
+
+
 def _epoch_permutation(num_examples: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(num_examples)
+
+
+def _epoch_batches(
+    lengths: np.ndarray, seed: int, epoch: int, global_batch_size: int, scheme: str, group_batches: int
+) -> np.ndarray:
+    """[steps_per_epoch, global_batch_size] example indices: row i is the epoch's batch i."""
+    per_epoch = steps_per_epoch(len(lengths), global_batch_size)
+    rows = _epoch_permutation(len(lengths), seed, epoch)[: per_epoch * global_batch_size]
+    if scheme == RANDOM:
+        return rows.reshape(per_epoch, global_batch_size)
+    if scheme != LENGTH_GROUPED:
+        raise ValueError(f"unknown batching scheme {scheme!r}: choose {' or '.join(SCHEMES)}")
+    mega = group_batches * global_batch_size
+    # A stable sort: rows of one length keep the permutation's random order.
+    grouped = np.concatenate(
+        [
+            chunk[np.argsort(lengths[chunk], kind="stable")]
+            for chunk in np.split(rows, range(mega, len(rows), mega))
+        ]
+    )
+    # A second stream of the same (seed, epoch): which sorted batch comes when.
+    order = np.random.default_rng([seed, epoch, 1]).permutation(per_epoch)
+    return grouped.reshape(per_epoch, global_batch_size)[order]
 
 
 def _bucket_for(length: int, buckets: tuple[int, ...]) -> int:
@@ -79,11 +156,14 @@ def train_batch(
     global_batch_size: int,
     seed: int,
     buckets: tuple[int, ...],
+    scheme: str = RANDOM,
+    group_batches: int = GROUP_BATCHES,
 ) -> Batch:
-    """Batch `step` of the endless shuffled stream; each epoch is a fresh permutation."""
+    """Batch `step` of the endless shuffled stream; each epoch is a fresh permutation, batched as
+    `scheme` says (module docstring)."""
     epoch, i = divmod(step, steps_per_epoch(num_rows(ds), global_batch_size))
-    permutation = _epoch_permutation(num_rows(ds), seed, epoch)
-    return _gather(ds, permutation[i * global_batch_size : (i + 1) * global_batch_size], buckets)
+    batches = _epoch_batches(ds["lengths"], seed, epoch, global_batch_size, scheme, group_batches)
+    return _gather(ds, batches[i], buckets)
 
 
 def train_batches(
@@ -93,23 +173,49 @@ def train_batches(
     global_batch_size: int,
     seed: int,
     buckets: tuple[int, ...],
+    scheme: str = RANDOM,
+    group_batches: int = GROUP_BATCHES,
     with_index: bool = False,
 ) -> Iterator[Batch]:
     """train_batch(step) for step = start_step, start_step + 1, ... forever. `with_index` adds
     `index`, each row's example (what the feature cache looks features up by)."""
     per_epoch = steps_per_epoch(num_rows(ds), global_batch_size)
     step = start_step
-    cached_epoch, permutation = None, None
+    cached_epoch, batches = None, None
     while True:
         epoch, i = divmod(step, per_epoch)
         if epoch != cached_epoch:
-            cached_epoch, permutation = epoch, _epoch_permutation(num_rows(ds), seed, epoch)
-        indices = permutation[i * global_batch_size : (i + 1) * global_batch_size]
+            cached_epoch = epoch
+            batches = _epoch_batches(ds["lengths"], seed, epoch, global_batch_size, scheme, group_batches)
+        indices = batches[i]
         batch = _gather(ds, indices, buckets)
         if with_index:
             batch["index"] = indices.astype(np.int32)
         yield batch
         step += 1
+
+
+def token_counts(
+    lengths: np.ndarray, *, steps: int, global_batch_size: int, seed: int, order: TrainOrder
+) -> tuple[int, int]:
+    """(real tokens, padding tokens) of training batches 0 .. steps-1 of the stream `train_batches`
+    draws with `order` (over all hosts): the data order is a pure function of the step, so this counts
+    a finished phase exactly from the lengths alone."""
+    per_epoch = steps_per_epoch(len(lengths), global_batch_size)
+    buckets = np.asarray(order.buckets)
+    real = computed = 0
+    for epoch in range(-(-steps // per_epoch)):
+        batches = _epoch_batches(lengths, seed, epoch, global_batch_size, order.scheme, order.group_batches)
+        rows = lengths[batches[: steps - epoch * per_epoch]]
+        if rows.max() > buckets[-1]:
+            raise ValueError(
+                f"an example has {rows.max()} tokens, more than the largest bucket {buckets[-1]}"
+            )
+        # The smallest bucket that fits each batch's longest row, as _gather pads it.
+        padded_to = buckets[np.searchsorted(buckets, rows.max(axis=1))]
+        real += int(rows.sum())
+        computed += int(padded_to.sum()) * global_batch_size
+    return real, computed - real
 
 
 def eval_batches(

@@ -22,8 +22,11 @@ run gets its standalone costs at the steps it took (`standalone`): `own_cache`, 
 its own caches (a forward over the train split it caches), and `no_cache`, the run alone with no cache
 (a frozen phase runs the backbone forward over each batch: cheaper than a cache when the phase reads
 fewer examples than the split holds). `planned` gives both at the whole step budgets (its `total` is
-`own_cache`), and experiments/budgets.py matches to either. Every example counts
-as `max_seq_length` tokens (batches pad to length buckets up to it, so this is an upper bound); the head
+`own_cache`), and experiments/budgets.py matches to either. `flops` counts every example as
+`max_seq_length` tokens (batches pad to length buckets up to it, so this is an upper bound: a ratio of
+`flops` compares token slots at max_seq_length); what the batches really held is `tokens_real` and
+`tokens_padding` (the padding up to each batch's bucket, config.batching), so a ratio of real tokens
+says what was computed on text (their share is what length grouping raises); the head
 counts where models/flops.py counts it (`head_counted`). A phase that trains the backbone only through an
 adaptation kind (LoRA, BitFit, adapters) runs the backbone forward and the backward's activation half
 (2x the forward: its frozen kernels need no weight gradients), plus 3x the forward FLOPs the kind's own
@@ -38,8 +41,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from stackft_jax.config import phases, spec
 from stackft_jax.config.spec import RunSpec
+from stackft_jax.data import batching
 from stackft_jax.models import adaptation, flops
 from stackft_jax.runtime import records
 from stackft_jax.training import build
@@ -49,6 +55,8 @@ TIMINGS_FILE = "timings.json"  # timing.FILE_NAME (importing timing would start 
 # timings.json `feature_cache` seconds from which a run without the record built its train cache.
 BUILD_SECONDS = 10.0
 MEASURES = ("optimizer_steps", "examples_forward", "examples_backward", "flops")
+# Summed only when every phase has them (runs recorded before token counts have none).
+TOKEN_MEASURES = ("tokens_real", "tokens_padding")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,9 +153,12 @@ def _summed(
     wall_seconds: float | None,
     standalone: dict[str, list[dict[str, Any]]],
 ) -> dict[str, Any]:
+    total = _totals(per_phase)
+    if per_phase and all("tokens_real" in p for p in per_phase):
+        total.update({measure: sum(p[measure] for p in per_phase) for measure in TOKEN_MEASURES})
     return {
         "phases": per_phase,
-        "total": {**_totals(per_phase), "wall_seconds": wall_seconds},
+        "total": {**total, "wall_seconds": wall_seconds},
         "standalone": {kind: _totals(phases_) for kind, phases_ in standalone.items()},
         "head_counted": model.head_counted,
         "seq_len": model.seq_len,
@@ -191,17 +202,41 @@ def _built_train_cache(record: Mapping[str, Any], timings: Mapping[str, Any] | N
     return timings.get("seconds", {}).get("feature_cache", 0.0) >= BUILD_SECONDS
 
 
+def tokens(
+    run_spec: RunSpec, phase_index: int, *, steps: int, global_batch_size: int, train_lengths: np.ndarray
+) -> dict[str, int]:
+    """The real and padding tokens of a phase's training batches (batching.token_counts: the data order
+    is a pure function of seed, phase and step, so the train split's lengths give them exactly)."""
+    real, padding = batching.token_counts(
+        train_lengths,
+        steps=steps,
+        global_batch_size=global_batch_size,
+        seed=batching.phase_seed(run_spec.seed, phase_index),
+        order=run_spec.train_order,
+    )
+    return {"tokens_real": real, "tokens_padding": padding}
+
+
 def of_results(
-    run_spec: RunSpec, results: Mapping[str, Any], timings: Mapping[str, Any] | None = None
+    run_spec: RunSpec,
+    results: Mapping[str, Any],
+    timings: Mapping[str, Any] | None = None,
+    *,
+    train_lengths: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """The compute of a finished run from its results.json (`results`) and, for runs that did not record
-    which feature caches they built, its timings.json. The shape is `run_compute`'s."""
+    which feature caches they built, its timings.json. The shape is `run_compute`'s. Each phase's real
+    and padding tokens are counted from the train split's `lengths` (train.run has them), else read
+    from the record's own `compute` (runs recorded before the counts have none)."""
+    recorded = (results.get(RESULTS_KEY) or {}).get("phases", [])
+    if not (len(recorded) == len(results["phases"]) and all("tokens_real" in p for p in recorded)):
+        recorded = None
     model, _ = _model(run_spec)
     blocks = {phase.name: phase for phase in run_spec.phases}
     batch = results["global_batch_size"]
     train_examples = results["data"]["num_examples"]["train"]
     per_phase, steps = [], []
-    for record in results["phases"]:
+    for index, record in enumerate(results["phases"]):
         phase = blocks[record["phase"]]
         built = _built_train_cache(record, timings) if phase.feature_cache else None
         per_phase.append(
@@ -217,6 +252,18 @@ def of_results(
             )
         )
         steps.append((phase, record["steps"]))
+        if train_lengths is not None:
+            per_phase[-1].update(
+                tokens(
+                    run_spec,
+                    index,
+                    steps=record["steps"],
+                    global_batch_size=batch,
+                    train_lengths=train_lengths,
+                )
+            )
+        elif recorded is not None:
+            per_phase[-1].update({measure: recorded[index][measure] for measure in TOKEN_MEASURES})
     wall = results.get("wall_time_s")
     if wall is None and timings is not None:
         wall = timings.get("total_s")
@@ -235,10 +282,14 @@ def run_compute(run_dir: str | Path) -> dict[str, Any] | None:
                      "flops": float,            # analytic: encoder matmuls (+ head where counted)
                      "wall_seconds": float | None,  # the phase's wall time, evaluations included
                      "trains_backbone": bool,
-                     "feature_cache": "built" | "read" | None},  # None: the phase reads no cache
+                     "feature_cache": "built" | "read" | None,  # None: the phase reads no cache
+                     # Runs that recorded them (results.json's compute, since config.batching): the
+                     # training batches' tokens, real ones and padding up to each batch's length bucket.
+                     "tokens_real": int, "tokens_padding": int},
                     ...],
-         "total": {"optimizer_steps", "examples_forward", "examples_backward", "flops": sums over
-                   phases, "wall_seconds": the whole run's (set-up and final scoring included)},
+         "total": {"optimizer_steps", "examples_forward", "examples_backward", "flops" (and the token
+                   counts where every phase has them): sums over phases, "wall_seconds": the whole
+                   run's (set-up and final scoring included)},
          "standalone": {"own_cache" | "no_cache": {the same four sums}},  # the run alone, at the
                    # steps it took: building its own feature caches, or with none (module docstring)
          "head_counted": bool,  # whether `flops` includes the head (models/flops.py HEAD_FLOPS)

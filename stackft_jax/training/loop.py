@@ -70,7 +70,8 @@ class Context:
     datasets: dict[str, task_spec.Split]
     graphdef: nnx.GraphDef
     param_names: tuple[str, ...]  # '/'-joined parameter paths, which phases' rules label
-    buckets: tuple[int, ...]
+    buckets: tuple[int, ...]  # evaluation's and the feature caches' lengths
+    train_order: batching.TrainOrder  # how training batches are drawn (config.batching)
     global_batch_size: int
     eval_global_batch_size: int
     report: RunReport
@@ -583,17 +584,21 @@ def batch_feed(
     global_batch_size: int,
     buckets: tuple[int, ...],
     with_index: bool,
+    scheme: str = batching.RANDOM,
+    group_batches: int = batching.GROUP_BATCHES,
 ) -> Iterator[batching.Batch]:
     """This process's rows of each global batch of a phase from `start_step` on, as host arrays: what the
     step loop feeds (benchmarks time the same feed). A pure function of (seed, phase, step), so a
     resumed phase replays the same batches. `with_index`: each row's example, which cached features are
-    looked up by."""
+    looked up by. `scheme`, `group_batches`: batching.TrainOrder's."""
     batches = batching.train_batches(
         train,
         start_step=start_step,
         global_batch_size=global_batch_size,
-        seed=seed * 1000 + phase_index,
+        seed=batching.phase_seed(seed, phase_index),
         buckets=buckets,
+        scheme=scheme,
+        group_batches=group_batches,
         with_index=with_index,
     )
     for batch in batches:
@@ -643,8 +648,10 @@ def run_phase(
         phase_index=index,
         start_step=progress.step,
         global_batch_size=ctx.global_batch_size,
-        buckets=ctx.buckets,
+        buckets=ctx.train_order.buckets,
         with_index=train_features is not None,
+        scheme=ctx.train_order.scheme,
+        group_batches=ctx.train_order.group_batches,
     )
     while progress.stop_reason is None and progress.step < phase.num_steps:
         local = next(batches)

@@ -110,7 +110,9 @@ def run(
                 scoring_s=time.time() - scoring_started,
             )
             # What it cost, per phase (the same training/compute.run_compute derives for older runs).
-            results[compute.RESULTS_KEY] = compute.of_results(run_spec, results)
+            results[compute.RESULTS_KEY] = compute.of_results(
+                run_spec, results, train_lengths=ctx.datasets["train"].arrays["lengths"]
+            )
             ctx.report.sort_records()
             ctx.report.results(results)
             ctx.report.close()
@@ -150,6 +152,7 @@ def _set_up(
         graphdef=graphdef,
         param_names=param_names,
         buckets=buckets,
+        train_order=run_spec.train_order,
         global_batch_size=global_batch,
         eval_global_batch_size=eval_global_batch,
         report=RunReport(workdir),
