@@ -144,7 +144,8 @@ def resolve(
     schedule, an inert gap rule) are left out: its run went on without them. `encoder`: the encoder's
     shape when the caller has it (else read from the model's config.json, downloaded for a hub id)."""
     _check_options(config)
-    adaptation_kinds.check_options(config.adaptation.to_dict())  # every kind's, used or not
+    if "adaptation" in config:  # absent from a recorded binding form whose phases used no kind
+        adaptation_kinds.check_options(config.adaptation.to_dict())  # every kind's, used or not
     train_order = _train_order(config)
     task = _task(config)
     _check_gap_metrics(config, task)
