@@ -90,8 +90,14 @@ def train_step(
     # Dropout masks depend only on (seed, phase, step): a resumed run draws the same ones.
     step_key = jax.random.fold_in(dropout_key, state.step)
     if grad_accum_steps == 1:
-        (loss, stats), grads = jax.value_and_grad(_trainable_loss, has_aux=True)(
-            state.params, batch, step_key, trainable, graphdef, objective, backbone_deterministic, True
+        (loss, stats), grads = loss_and_grads(
+            state.params,
+            batch,
+            step_key,
+            trainable=trainable,
+            graphdef=graphdef,
+            objective=objective,
+            backbone_deterministic=backbone_deterministic,
         )
     else:
         loss, stats, grads = _accumulated(
@@ -134,6 +140,23 @@ def train_step(
         first_nonfinite_step=first_nonfinite_step,
     )
     return new_state, metrics
+
+
+def loss_and_grads(
+    params: Any,
+    batch: Batch,
+    dropout_key: jax.Array,
+    *,
+    trainable: Any,
+    graphdef: nnx.GraphDef,
+    objective: Objective,
+    backbone_deterministic: bool,
+) -> tuple[tuple[jax.Array, dict[str, jax.Array]], Any]:
+    """((mean loss, stats), gradients) of one batch: the step before its optimizer tail (what
+    benchmarks/profile_step.py --tail subtracts to measure that tail)."""
+    return jax.value_and_grad(_trainable_loss, has_aux=True)(
+        params, batch, dropout_key, trainable, graphdef, objective, backbone_deterministic, True
+    )
 
 
 def _trainable_loss(
