@@ -91,3 +91,49 @@ def test_a_bad_grad_accum_steps_is_one_line_naming_the_key(value):
         config.grad_accum_steps = value
     with pytest.raises(ConfigError, match=r"^config\.grad_accum_steps=.*$"):
         spec.resolve(config)
+
+
+def test_the_steps_own_clip_is_optax_clip_by_global_norm():
+    # build_phase_step clips inside the step with the norm its guard computes; optim's chain with
+    # optax.clip_by_global_norm is what it replaces: the same parameters and optimizer state tree.
+    from stackft_jax.training import optim
+
+    config, task, graphdef, params, batch, phase = _setup()
+    mesh = sharding.make_mesh(jax.devices()[:1])
+    max_norm = 1e-3  # far below the tiny model's gradient norm: every step clips
+    ours = loop.build_phase_step(
+        phase,
+        1,
+        params,
+        graphdef=graphdef,
+        objective=task.objective,
+        mesh=mesh,
+        seed=0,
+        max_grad_norm=max_norm,
+    )
+    tx, labels = optim.phase_optimizer(params, phase, max_grad_norm=max_norm)
+    optax_step = jax.jit(
+        lambda state, b, key: steps.train_step(
+            state,
+            b,
+            graphdef=graphdef,
+            tx=tx,
+            trainable=optim.trainable_mask(labels),
+            objective=task.objective,
+            dropout_key=key,
+            backbone_deterministic=not phase.backbone_dropout,
+        )
+    )
+    a = steps.TrainState(**ours.init_state(params))
+    b = steps.TrainState.create(params, tx.init(params))
+    assert jax.tree.structure(a.opt_state) == jax.tree.structure(b.opt_state)
+    device_batch = sharding.put_batch(batch, mesh)
+    for _ in range(2):
+        a, metrics = ours.train_step(a, device_batch)
+        b, _ = optax_step(b, device_batch, ours.dropout_key)
+    assert float(metrics["grad_norm"]) > 10 * max_norm
+    jax.tree.map(
+        lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7),
+        jax.device_get(a.params),
+        jax.device_get(b.params),
+    )

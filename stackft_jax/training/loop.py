@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import jax
 import numpy as np
+import optax
 from flax import nnx
 from tqdm import tqdm
 
@@ -131,8 +132,13 @@ def build_phase_step(
 ) -> PhaseStep:
     """The phase's optimizer state initialiser and jitted train steps (also what benchmarks time)."""
     replicated = sharding.replicated(mesh)
-    tx, labels = optim.phase_optimizer(params, phase, max_grad_norm=max_grad_norm)
+    # The step clips with the gradient norm it computes for its guard (steps.train_step), so tx does
+    # not; an identity holds the clip's (empty) place in the optimizer state, whose checkpointed
+    # structure stays what optim.phase_optimizer with clipping gives.
+    tx, labels = optim.phase_optimizer(params, phase, max_grad_norm=0.0)
     trainable = optim.trainable_mask(labels)
+    if max_grad_norm > 0:
+        tx = optax.chain(optax.masked(optax.identity(), trainable), tx)
 
     @functools.partial(jax.jit, out_shardings=replicated)
     def init_state(p):
@@ -151,6 +157,7 @@ def build_phase_step(
                 backbone_deterministic=not phase.backbone_dropout,
                 with_norms=with_norms,
                 grad_accum_steps=grad_accum_steps,
+                max_grad_norm=max_grad_norm,
             )
 
         # The dropout key is an argument, not a constant baked into the program: runs that differ only

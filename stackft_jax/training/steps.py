@@ -77,6 +77,7 @@ def train_step(
     backbone_deterministic: bool = False,
     with_norms: bool = False,
     grad_accum_steps: int = 1,
+    max_grad_norm: float = 0.0,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step. Frozen leaves (`trainable` False) enter the forward pass behind
     `stop_gradient`, so no backward pass runs through a frozen backbone, and they are returned untouched
@@ -86,7 +87,10 @@ def train_step(
     `with_norms` (static) adds the per-part gradient and update norms: the loop asks for them only on
     the steps it logs, so the other steps skip their passes over the parameters. `grad_accum_steps`
     (static) splits the batch into that many micro-batches whose gradients are summed before the one
-    optimizer update: the same update as the whole batch at once, in a k-th of the activation memory."""
+    optimizer update: the same update as the whole batch at once, in a k-th of the activation memory.
+    `max_grad_norm` > 0 clips the gradients here, with the norm the step computes anyway, as
+    `optax.clip_by_global_norm` would (loop.build_phase_step builds `tx` without its own clip): one pass
+    over the gradients fewer."""
     # Dropout masks depend only on (seed, phase, step): a resumed run draws the same ones.
     step_key = jax.random.fold_in(dropout_key, state.step)
     if grad_accum_steps == 1:
@@ -123,7 +127,17 @@ def train_step(
 
     def update(operands):
         params, opt_state = operands
-        updates, opt_state = tx.update(grads, opt_state, params)
+        clipped = grads
+        if max_grad_norm > 0:  # optax.clip_by_global_norm's formula, fused into the optimizer's pass
+            keep = grad_norm < max_grad_norm
+            clipped = jax.tree.map(
+                lambda t, g: (
+                    jax.lax.select(keep, g, (g / grad_norm.astype(g.dtype)) * max_grad_norm) if t else g
+                ),
+                trainable,
+                grads,
+            )
+        updates, opt_state = tx.update(clipped, opt_state, params)
         stepped = optax.apply_updates(params, updates)
         return jax.tree.map(lambda t, old, new: new if t else old, trainable, params, stepped), opt_state
 
