@@ -160,6 +160,8 @@ def build_phase_step(
                 max_grad_norm=max_grad_norm,
             )
 
+        if with_norms:  # its own name in compile logs: it compiles when a logged step first meets a bucket
+            train_step.__name__ = train_step.__qualname__ = "train_step_logged"
         # The dropout key is an argument, not a constant baked into the program: runs that differ only
         # in their seed compile the same program (one persistent-cache entry serves them all).
         return jax.jit(
