@@ -375,6 +375,7 @@ def test_finetune_collapse(tmp_path):
     assert 0 <= uniform["dev_predicted_positive"] <= 1
 
 
+@pytest.mark.slow  # about 1 CPU-minute: three tiny steps compiled five times, and a short train.run
 def test_accelerator_check_smoke(tmp_path):
     out = tmp_path / "accelerator_check.json"
     accelerator_check.main(["--smoke", f"--out={out}"])
