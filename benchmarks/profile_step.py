@@ -3,6 +3,12 @@
   python -m benchmarks.profile_step --model minilm --case eval
   python -m benchmarks.profile_step --model minilm --case full --steps 3 --top 30
   python -m benchmarks.profile_step --quick --model tiny           # the smoke test
+  python -m benchmarks.profile_step --tail --model bert_base       # the optimizer tail's bytes
+
+`--tail` profiles nothing: it reads XLA's cost analysis (`compiled.cost_analysis()`, bytes accessed) of
+the phase-2 train step as runs compile it, with and without the per-part norms of logged steps, and of
+its gradient part alone (`steps.loss_and_grads`); the difference is the post-gradient tail (the
+non-finite guard, clipping, AdamW, the parameter update, and on logged steps the norms).
 
 Builds the same jitted step as `train_speed` (benchmarks/cases.py), warms it up, traces `--steps` calls
 with `jax.profiler.trace`, and reads the trace back with `jax.profiler.ProfileData`: every executed XLA
@@ -29,6 +35,7 @@ from jax._src.profiler import ProfileData  # public as jax.profiler.ProfileData 
 from benchmarks import cases
 from benchmarks.machine import load_average, machine_info, write_json
 from stackft_jax.runtime import sharding
+from stackft_jax.training import optim, steps
 
 _INSTRUCTION = re.compile(
     r"^\s*(?:ROOT )?%(?P<name>[\w.\-]+) = .*?(?:kind=(?P<kind>\w+))?.*?"
@@ -160,6 +167,59 @@ def profile(model_name: str, case: str, args: argparse.Namespace) -> dict:
     }
 
 
+def _bytes_accessed(compiled) -> float:
+    analysis = compiled.cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, list) else analysis  # older jax: one per program
+    return float(analysis["bytes accessed"])
+
+
+def tail_bytes(model_name: str, batch_size: int, seq_len: int) -> dict:
+    """Bytes accessed (XLA cost analysis) of the phase-2 step, its logged-step variant, and its
+    gradient part alone; the tail is the step less the gradient part."""
+    config = cases.experiment_config(model_name, seq_len)
+    model = cases.build_jax(config)
+    phase = cases.case_phase(model, "full")
+    _, labels = optim.phase_optimizer(model.params, phase, max_grad_norm=model.spec.max_grad_norm)
+    trainable = optim.trainable_mask(labels)
+    state, phase_step = cases.jax_phase_step(model, "full")
+    batch = sharding.put_batch(
+        cases.synthetic_batch(batch_size, seq_len, 30522, seed=config.seed), model.mesh
+    )
+    args = (state, batch, phase_step.dropout_key)
+
+    def gradients(state, batch, dropout_key):
+        return steps.loss_and_grads(
+            state.params,
+            batch,
+            jax.random.fold_in(dropout_key, state.step),
+            trainable=trainable,
+            graphdef=model.graphdef,
+            objective=model.task.objective,
+            backbone_deterministic=not phase.backbone_dropout,
+        )
+
+    replicated = sharding.replicated(model.mesh)
+    grads_only = jax.jit(
+        gradients,
+        in_shardings=(replicated, sharding.data_sharded(model.mesh), replicated),
+        out_shardings=replicated,
+    )
+    gradient_bytes = _bytes_accessed(grads_only.lower(*args).compile())
+    step_bytes = _bytes_accessed(phase_step.jitted_step.lower(*args).compile())
+    logged_bytes = _bytes_accessed(phase_step.jitted_step_with_norms.lower(*args).compile())
+    return {
+        "model": model_name,
+        "batch_size": batch_size,
+        "seq_len": seq_len,
+        "parameters": sum(int(x.size) for x in jax.tree.leaves(state.params)),
+        "gradient_part_bytes": gradient_bytes,
+        "step_bytes": step_bytes,
+        "logged_step_bytes": logged_bytes,
+        "tail_bytes": step_bytes - gradient_bytes,
+        "logged_step_tail_bytes": logged_bytes - gradient_bytes,
+    }
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="minilm", help=f"one of {cases.MODELS}")
@@ -170,6 +230,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, help="traced calls (3; --quick: 1)")
     parser.add_argument("--top", type=int, default=20, help="rows printed per table")
     parser.add_argument("--quick", action="store_true", help="batch 8 x 32, one traced call")
+    parser.add_argument("--tail", action="store_true", help="the phase-2 step's post-gradient bytes")
     parser.add_argument("--out", default="benchmarks/out/profile_step.json")
     args = parser.parse_args(argv)
     quick = args.quick
@@ -183,6 +244,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.tail:
+        result = tail_bytes(args.model, args.batch_size, args.seq_len)
+        print("| step | GB accessed | post-gradient GB |\n| --- | --- | --- |")
+        print(f"| gradients only | {result['gradient_part_bytes'] / 1e9:.2f} | - |")
+        print(f"| train step | {result['step_bytes'] / 1e9:.2f} | {result['tail_bytes'] / 1e9:.2f} |")
+        print(
+            f"| logged train step (per-part norms) | {result['logged_step_bytes'] / 1e9:.2f} "
+            f"| {result['logged_step_tail_bytes'] / 1e9:.2f} |"
+        )
+        payload = {
+            "benchmark": "profile_step_tail",
+            "machine": machine_info(),
+            "args": vars(args),
+            "results": result,
+        }
+        write_json(args.out.replace(".json", "_tail.json"), payload)
+        return payload
     load_start = load_average()
     results = [profile(args.model, case, args) for case in args.case.split(",")]
     for r in results:

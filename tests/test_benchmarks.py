@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 
 from benchmarks import (
+    accelerator_check,
     adaptation,
     cases,
     compile_count,
@@ -124,8 +125,14 @@ def test_compile_count(tmp_path):
         "phase2": 2 * payload["steps_per_epoch"],
     }
     assert payload["within_bound"]
-    assert 0 < payload["by_function"]["train_step"] <= 2 * len(payload["train_buckets"])
-    assert 0 < payload["by_function"]["eval_step"] <= len(payload["buckets"])
+    train, evaluation = len(payload["train_buckets"]), len(payload["buckets"])
+    # Two phases, each a plain and a logged-step train program per training bucket at most; phase 1
+    # (frozen backbone) evaluates cached features, phase 2 tokens; phase 1 caches dev and the gap rule's
+    # train subset.
+    assert 0 < payload["by_function"]["train_step"] <= 2 * train
+    assert 0 < payload["by_function"]["train_step_logged"] <= 2 * train
+    assert 0 < payload["by_function"]["eval_step"] <= 2 * evaluation
+    assert 0 < payload["by_function"]["features_step"] <= 2 * evaluation
     assert payload["compiles_after_first_epoch"] == 0
 
 
@@ -385,3 +392,17 @@ def test_finetune_collapse(tmp_path):
     first_update = {name: case["train"]["update_norm/head"][0][1] for name, case in cases.items()}
     assert first_update["tiny_new_head"] > 30 * first_update["tiny_uniform"]
     assert 0 <= uniform["dev_predicted_positive"] <= 1
+
+
+@pytest.mark.slow  # about 1 CPU-minute: three tiny steps compiled five times, and a short train.run
+def test_accelerator_check_smoke(tmp_path):
+    out = tmp_path / "accelerator_check.json"
+    accelerator_check.main(["--smoke", f"--out={out}"])
+    results = _read(out)["results"]
+    assert results["device_kind"] == "cpu"
+    assert [r["batch_size"] for r in results["phase2"]] == [8, 16]
+    assert all(r["examples_per_s"] > 0 and r["mfu"] is None for r in [*results["phase2"], results["phase1"]])
+    assert results["real_loop"]["examples_per_s"] > 0 and results["real_loop"]["mfu"] is None
+    # The same three steps on the same batch, bfloat16 against float32: close, not equal.
+    assert 0 < results["bf16_vs_float32_max_relative_loss_difference"] < 0.05
+    assert len(results["float32_losses"]) == len(results["phase2"][0]["losses"]) == 3

@@ -273,3 +273,34 @@ def test_architecture_overrides_need_random_init():
     config.model.dropout_rate = 0.2
     _, bert_config = build.build_model(config, task, model_dir)
     assert bert_config.hidden_dropout_prob == bert_config.attention_probs_dropout_prob == 0.2
+
+
+def test_log_windows_report_throughput_without_evaluation_time(tmp_path, monkeypatch):
+    # Every log window's rates count its training steps only: an evaluation inside the window (here
+    # slowed to 1.5 s after steps 1 and 3, which do not log) and compilation are left out.
+    from stackft_jax.training import evaluation
+
+    original = evaluation.Evaluator.evaluate
+
+    def slow(self, params, split, **kwargs):
+        time.sleep(1.5)
+        return original(self, params, split, **kwargs)
+
+    monkeypatch.setattr(evaluation.Evaluator, "evaluate", slow)
+    config = tiny.get_config("strategy=finetune_only")
+    config.phase2.num_steps, config.eval_every_steps, config.log_every_steps = 4, 1, 2
+    results = train.run(config, tmp_path)
+    scalars = run_report.train_scalars(tmp_path)
+    assert [step for step, _ in scalars["step_seconds"]] == [2, 4]
+    assert all(0 < seconds < 1.5 for _, seconds in scalars["step_seconds"])
+    for (_, seconds), (_, rate) in zip(scalars["step_seconds"], scalars["examples_per_s"], strict=True):
+        assert rate == pytest.approx(2 * 8 / seconds, rel=1e-5)  # two steps of the tiny global batch 8
+    for (_, real), (_, padded) in zip(
+        scalars["real_tokens_per_s"], scalars["padded_tokens_per_s"], strict=True
+    ):
+        assert 0 < real < padded
+    assert all(value > 0 for _, value in scalars["model_tflops_per_s"])
+    assert "mfu" not in scalars  # no bf16 peak for a CPU
+    throughput = results["phases"][0]["throughput"]
+    assert throughput["device_kind"] == "cpu" and throughput["mfu"] is None
+    assert throughput["step_seconds"] == pytest.approx(sum(s for _, s in scalars["step_seconds"]), rel=1e-4)

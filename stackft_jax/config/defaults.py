@@ -120,6 +120,9 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.final_params = "last"  # what results.json's `final` scores: "last" parameters, or "best" on dev
     c.max_grad_norm = 1.0  # clip the trainable leaves' global gradient norm to this; 0: off
+    # Micro-batches per optimizer step: each step sums the gradients of this many global batches (one
+    # effective batch of grad_accum_steps x global batch examples, which budgets and reports count).
+    c.grad_accum_steps = 1
     c.log_every_steps = 50  # training loss, gradient norm and examples/s to TensorBoard
     c.eval_every_steps = 500  # dev evaluation (and the phase-1 stop rules) every this many steps
     c.checkpoint_every_steps = 500  # periodic checkpoint for resuming

@@ -99,6 +99,7 @@ class RunSpec:
     per_device_batch_size: int
     eval_per_device_batch_size: int
     max_grad_norm: float
+    grad_accum_steps: int
     final_params: str  # last | best
     boundary_train_examples: int
     calibration_temperature: bool
@@ -175,6 +176,7 @@ def resolve(
         per_device_batch_size=config.per_device_batch_size,
         eval_per_device_batch_size=config.eval_per_device_batch_size,
         max_grad_norm=config.max_grad_norm,
+        grad_accum_steps=config.get("grad_accum_steps", 1),  # runs recorded before it: 1
         final_params=config.final_params,
         boundary_train_examples=config.boundary_train_examples,
         calibration_temperature=config.calibration.temperature,
@@ -268,6 +270,9 @@ def _check_options(config: ml_collections.ConfigDict) -> None:
         if value < 0 or (value == 0 and not zero_means):
             least = f"0 or more ({zero_means})" if zero_means else "at least 1"
             raise ConfigError(f"config.{key}={value}: a size or count, {least}")
+    accum = config.get("grad_accum_steps", 1)
+    if isinstance(accum, bool) or not isinstance(accum, int) or accum < 1:
+        raise ConfigError(f"config.grad_accum_steps={accum!r}: a whole number of micro-batches, 1 or more")
     if config.max_grad_norm < 0:  # 0 is the documented "off"; a negative norm would silently be off too
         raise ConfigError(
             f"config.max_grad_norm={config.max_grad_norm}: a norm of 0 or more (0 turns clipping off)"

@@ -205,3 +205,31 @@ def head_flops(head: Mapping[str, Any], *, hidden: int, outputs: int, seq_len: i
     of `seq_len` tokens; None for a name outside `HEAD_FLOPS` (every registered head is in it)."""
     count = HEAD_FLOPS.get(head["name"])
     return None if count is None else count(head[head["name"]], hidden, outputs, seq_len)
+
+
+# Dense bfloat16 peak FLOP/s per device (vendor datasheets), by the start of `jax.Device.device_kind`:
+# what MFU (model FLOP/s over the devices' peak) is measured against. A CPU has no entry: its MFU is n/a.
+PEAK_BF16_FLOPS = {
+    "TPU v2": 45e12 / 2,  # per core: a v2 chip is two cores of 22.5 TFLOP/s
+    "TPU v3": 123e12 / 2,
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5p": 459e12,
+    "TPU v5": 459e12,
+    "TPU v6 lite": 918e12,
+    "TPU v6e": 918e12,
+    "NVIDIA H200": 989e12,
+    "NVIDIA H100": 989e12,  # SXM; the PCIe card is 756e12
+    "NVIDIA A100": 312e12,
+    "NVIDIA L4": 121e12,
+    "NVIDIA A10G": 70e12,
+    "NVIDIA V100": 125e12,  # fp16 tensor cores (no bf16 on V100)
+    "NVIDIA T4": 65e12,  # fp16
+}
+
+
+def peak_flops(device_kind: str) -> float | None:
+    """Per-device bf16 peak for a `device_kind` (longest matching prefix), None when unknown (CPU)."""
+    matches = [kind for kind in PEAK_BF16_FLOPS if device_kind.startswith(kind)]
+    return PEAK_BF16_FLOPS[max(matches, key=len)] if matches else None

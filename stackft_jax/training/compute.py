@@ -37,7 +37,7 @@ kind plus backbone rules) counts as fine-tuning: an upper bound.
 """
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -314,8 +314,11 @@ def run_compute(run_dir: str | Path) -> dict[str, Any] | None:
 def planned(run_spec: RunSpec, *, train_examples: int, global_batch_size: int) -> dict[str, Any]:
     """What `run_spec` costs if every phase runs its whole step budget and builds its own feature cache
     (no early stop, no shared cache), over a train split of `train_examples` examples; `run_compute`'s
-    shape, without wall seconds; `standalone.no_cache` the same budgets without any feature cache."""
+    shape, without wall seconds; `standalone.no_cache` the same budgets without any feature cache.
+    `global_batch_size`: one micro-batch's (per-device batch x devices); a step is `grad_accum_steps` of
+    them."""
     model, _ = _model(run_spec)
+    global_batch_size *= run_spec.grad_accum_steps
     # Full batches, as batching.steps_per_epoch (which counts rows: a CoNLL sentence longer than
     # max_seq_length is several, so an epoch budget may plan a few steps short there).
     steps_per_epoch = max(1, train_examples // global_batch_size)
@@ -327,3 +330,25 @@ def planned(run_spec: RunSpec, *, train_examples: int, global_batch_size: int) -
         train_examples,
     )
     return _summed(standalone["own_cache"], model, None, standalone)
+
+
+def step_flops_of(run_spec: RunSpec, phase: phases.Phase) -> Callable[[int, int], float]:
+    """(examples, padded length) -> the analytic FLOPs of one train step of `phase` over that batch,
+    counted as the phase's record counts them (a cached step costs the head alone): the log's model
+    TFLOP/s and MFU."""
+    model, _ = _model(run_spec)
+
+    def step_flops(examples: int, seq_len: int) -> float:
+        shaped = dataclasses.replace(model, seq_len=seq_len)
+        return _phase(
+            phase,
+            run_spec,
+            shaped,
+            steps=1,
+            batch=examples,
+            cached_examples=0,
+            wall_seconds=None,
+            cache=None,
+        )["flops"]
+
+    return step_flops

@@ -60,6 +60,23 @@ class Evaluator:
             dynamic_ncols=True,
             disable=not progress or jax.process_index() != 0,
         )
+
+        def gather(pending: tuple[dict, np.ndarray]) -> None:
+            nonlocal loss_sum, count
+            out, index = sharding.to_host(pending[0]), pending[1]
+            real = index >= 0
+            for key, value in out["rows"].items():
+                value = np.asarray(value)
+                if key not in rows:
+                    rows[key] = np.empty((num_rows, *value.shape[1:]), value.dtype)
+                rows[key][index[real]] = value[real]
+            loss_sum += float(out["loss_sum"])
+            count += float(out["count"])
+            progress.update(1)
+
+        # Batch k+1 is dispatched before batch k's outputs are fetched: the device always has the
+        # next batch queued while the host copies and scatters the last one.
+        pending = None
         for batch in batching.eval_batches(
             split.arrays, global_batch_size=self.global_batch_size, buckets=self.buckets, limit=limit
         ):
@@ -70,16 +87,12 @@ class Evaluator:
             local = batching.process_slice(batch, jax.process_index(), jax.process_count())
             if features is not None:
                 local = features.attach(local)
-            out = sharding.to_host(self.eval_fn(params, sharding.put_batch(local, self.mesh)))
-            real = index >= 0
-            for key, value in out["rows"].items():
-                value = np.asarray(value)
-                if key not in rows:
-                    rows[key] = np.empty((num_rows, *value.shape[1:]), value.dtype)
-                rows[key][index[real]] = value[real]
-            loss_sum += float(out["loss_sum"])
-            count += float(out["count"])
-            progress.update(1)
+            dispatched = (self.eval_fn(params, sharding.put_batch(local, self.mesh)), index)
+            if pending is not None:
+                gather(pending)
+            pending = dispatched
+        if pending is not None:
+            gather(pending)
         progress.close()
         if not split.labelled:
             return Evaluation(rows, {})

@@ -8,6 +8,7 @@ what runs after a step is the list `periodic_actions`, each with its cadence; th
 pure functions (`due`, `train_stats`, `improved_best`; the stop rule is phases.StopTracker).
 """
 
+import collections
 import dataclasses
 import functools
 import logging
@@ -18,27 +19,33 @@ from typing import Any, NamedTuple
 
 import jax
 import numpy as np
+import optax
 from flax import nnx
 from tqdm import tqdm
 
 from stackft_jax.config import phases
 from stackft_jax.config.spec import RunSpec
 from stackft_jax.data import batching, task_spec
+from stackft_jax.models import flops
 from stackft_jax.models.objectives import Objective
 from stackft_jax.runtime import sharding, timing
 from stackft_jax.training import (
     boundaries,
     checkpointing,
+    compute,
     degenerate,
     evaluation,
     feature_cache,
     optim,
     preemption,
+    prefetch,
     steps,
 )
 from stackft_jax.training.run_report import RunReport
 
 log = logging.getLogger(__name__)
+
+PREFETCH_DEPTH = 2  # global batches on the devices ahead of the step that runs
 
 
 class LoopObserver:
@@ -100,10 +107,16 @@ class PhaseStep(NamedTuple):
     init_state: Callable  # params -> TrainState.as_dict() (a dict: checkpoints restore into it)
     jitted_step: Callable  # jitted (TrainState, device batch, dropout_key) -> (TrainState, metrics)
     dropout_key: jax.Array
+    # The same step that also returns the per-part gradient and update norms (steps.train_step's
+    # `with_norms`): a second program, compiled on the phase's first logged step.
+    jitted_step_with_norms: Callable | None = None
 
-    def train_step(self, state, batch):
+    def train_step(self, state, batch, *, with_norms: bool = False):
         """One step with the phase's dropout key; donates `state`."""
-        return self.jitted_step(state, batch, self.dropout_key)
+        jitted = (
+            self.jitted_step_with_norms if with_norms and self.jitted_step_with_norms else self.jitted_step
+        )
+        return jitted(state, batch, self.dropout_key)
 
 
 def build_phase_step(
@@ -116,42 +129,55 @@ def build_phase_step(
     mesh: jax.sharding.Mesh,
     seed: int,
     max_grad_norm: float,
+    grad_accum_steps: int = 1,
 ) -> PhaseStep:
-    """The phase's optimizer state initialiser and jitted train step (also what benchmarks time)."""
+    """The phase's optimizer state initialiser and jitted train steps (also what benchmarks time)."""
     replicated = sharding.replicated(mesh)
-    tx, labels = optim.phase_optimizer(params, phase, max_grad_norm=max_grad_norm)
+    # The step clips with the gradient norm it computes for its guard (steps.train_step), so tx does
+    # not; an identity holds the clip's (empty) place in the optimizer state, whose checkpointed
+    # structure stays what optim.phase_optimizer with clipping gives.
+    tx, labels = optim.phase_optimizer(params, phase, max_grad_norm=0.0)
     trainable = optim.trainable_mask(labels)
+    if max_grad_norm > 0:
+        tx = optax.chain(optax.masked(optax.identity(), trainable), tx)
 
     @functools.partial(jax.jit, out_shardings=replicated)
     def init_state(p):
         return steps.TrainState.create(p, tx.init(p)).as_dict()
 
-    def train_step(state, batch, dropout_key):  # named so for compile logs (benchmarks/compile_count)
-        return steps.train_step(
-            state,
-            batch,
-            graphdef=graphdef,
-            tx=tx,
-            trainable=trainable,
-            objective=objective,
-            dropout_key=dropout_key,
-            backbone_deterministic=not phase.backbone_dropout,
+    def jitted(with_norms: bool) -> Callable:
+        def train_step(state, batch, dropout_key):  # named so for compile logs (benchmarks/compile_count)
+            return steps.train_step(
+                state,
+                batch,
+                graphdef=graphdef,
+                tx=tx,
+                trainable=trainable,
+                objective=objective,
+                dropout_key=dropout_key,
+                backbone_deterministic=not phase.backbone_dropout,
+                with_norms=with_norms,
+                grad_accum_steps=grad_accum_steps,
+                max_grad_norm=max_grad_norm,
+            )
+
+        if with_norms:  # its own name in compile logs: it compiles when a logged step first meets a bucket
+            train_step.__name__ = train_step.__qualname__ = "train_step_logged"
+        # The dropout key is an argument, not a constant baked into the program: runs that differ only
+        # in their seed compile the same program (one persistent-cache entry serves them all).
+        return jax.jit(
+            train_step,
+            in_shardings=(replicated, sharding.data_sharded(mesh), replicated),
+            out_shardings=(replicated, replicated),
+            donate_argnums=0,
         )
 
-    # The dropout key is an argument, not a constant baked into the program: runs that differ only in
-    # their seed compile the same program (one persistent-cache entry serves them all).
-    jitted_train_step = jax.jit(
-        train_step,
-        in_shardings=(replicated, sharding.data_sharded(mesh), replicated),
-        out_shardings=(replicated, replicated),
-        donate_argnums=0,
-    )
     # Made by a jitted function, not device_put: a multi-host mesh has devices this process cannot
     # address, and device_put of a key onto them fails.
     dropout_key = jax.jit(lambda s, i: jax.random.fold_in(jax.random.key(s), i), out_shardings=replicated)(
         seed, index
     )
-    return PhaseStep(init_state, jitted_train_step, dropout_key)
+    return PhaseStep(init_state, jitted(False), dropout_key, jitted(True))
 
 
 def gap_examples(run_spec: RunSpec, phase: phases.Phase) -> int:
@@ -208,24 +234,64 @@ def due(step: int, every: int, num_steps: int) -> bool:
     return step % every == 0 or step == num_steps
 
 
-def train_stats(window: list[dict], global_batch_size: int, seconds: float) -> dict[str, float]:
-    """metrics.jsonl's train record for the steps of `window` (their metrics on the host), which took
-    `seconds`."""
+def train_stats(
+    window: list[dict], seconds: float, peak_flops_per_device: float | None, devices: int
+) -> dict:
+    """metrics.jsonl's train record for the steps of `window` (their metrics on the host, each with its
+    `examples`, `padded_tokens` and analytic `flops`), which ran for `seconds` (compilation, evaluation
+    and checkpoints left out). `mfu` only where the device's bf16 peak is known (not on CPU)."""
+    seconds = max(seconds, 1e-9)
+    total_flops = sum(m["flops"] for m in window)
     stats = {
         "loss": float(np.mean([m["loss"] for m in window])),
         "grad_norm": float(np.mean([m["grad_norm"] for m in window])),
-        "examples_per_s": len(window) * global_batch_size / max(seconds, 1e-9),
-        **{
-            key: float(np.mean([m[key] for m in window]))
-            for key in window[0]
-            if key.startswith(("grad_norm/", "update_norm/"))
-        },
+        "step_seconds": seconds,
+        "examples_per_s": sum(m["examples"] for m in window) / seconds,
+        "real_tokens_per_s": sum(float(m["real_tokens"]) for m in window) / seconds,
+        "padded_tokens_per_s": sum(m["padded_tokens"] for m in window) / seconds,
+        "model_tflops_per_s": total_flops / seconds / 1e12,
     }
+    if peak_flops_per_device:
+        stats["mfu"] = total_flops / seconds / (peak_flops_per_device * devices)
+    # The per-part norms come from the window's last step (the one the step computed them for).
+    stats.update(
+        {
+            key: float(value)
+            for key, value in window[-1].items()
+            if key.startswith(("grad_norm/", "update_norm/"))
+        }
+    )
     if "correct" in window[0]:  # objectives whose predictions are right or wrong
         stats["running_accuracy"] = sum(float(m["correct"]) for m in window) / sum(
             float(m["count"]) for m in window
         )
     return stats
+
+
+THROUGHPUT_SUMS = ("step_seconds", "examples", "real_tokens", "padded_tokens", "flops")
+
+
+def throughput_record(
+    sums: dict[str, float], peak_flops_per_device: float | None, devices: int, kind: str
+) -> dict:
+    """results.json `phases[i].throughput`: the phase's logged windows together (this process's: a
+    resumed phase counts the steps since its resume)."""
+    seconds = sums.get("step_seconds", 0.0)
+    rate = (lambda key: sums[key] / seconds) if seconds > 0 else (lambda key: None)
+    tflops = None if seconds <= 0 else sums["flops"] / seconds / 1e12
+    return {
+        "step_seconds": seconds,
+        "examples_per_s": rate("examples"),
+        "real_tokens_per_s": rate("real_tokens"),
+        "padded_tokens_per_s": rate("padded_tokens"),
+        "model_tflops_per_s": tflops,
+        "mfu": tflops * 1e12 / (peak_flops_per_device * devices)
+        if tflops is not None and peak_flops_per_device
+        else None,
+        "device_kind": kind,
+        "devices": devices,
+        "peak_bf16_flops_per_device": peak_flops_per_device,
+    }
 
 
 def improved_best(best: dict, dev: dict[str, float], metric: str, **where: Any) -> dict | None:
@@ -253,6 +319,11 @@ class Progress:
     started: float = dataclasses.field(default_factory=time.time)  # when this process took it up
     window: list[dict] = dataclasses.field(default_factory=list)  # step metrics since the last log
     window_start: float = dataclasses.field(default_factory=time.time)
+    # Seconds inside the window that were not training steps (evaluation, checkpoints, compilation),
+    # and the run's compilation seconds when the window (or its last excluded action) began.
+    window_paused: float = 0.0
+    window_compile: float = 0.0
+    throughput: dict = dataclasses.field(default_factory=dict)  # THROUGHPUT_SUMS over logged windows
     evaluated: "_Evaluated | None" = None  # this step's evaluation, when it had one
     stop_reason: str | None = None  # set by the stop rule after an evaluation
     preempted: bool = False  # SIGTERM or Ctrl-C, agreed on by every process: save and stop
@@ -299,8 +370,10 @@ class _Checkpoints(NamedTuple):
 
 
 class _StepBar:
-    """The phase's progress bar (process 0). It counts completed steps without waiting on each: a step
-    is counted once the next one is queued behind it, or when the loop waited for it anyway."""
+    """The phase's progress bar (process 0). It counts finished steps without stalling the pipeline: up
+    to `IN_FLIGHT` steps stay queued on the device, the host waits only for the oldest beyond them."""
+
+    IN_FLIGHT = 2
 
     def __init__(self, phase: phases.Phase, step: int):
         self.tqdm = tqdm(
@@ -310,18 +383,18 @@ class _StepBar:
             dynamic_ncols=True,
             disable=jax.process_index() != 0,
         )
-        self.uncounted = None  # the last dispatched step's loss, until the bar counts that step
+        self.uncounted: collections.deque = collections.deque()  # losses of dispatched, uncounted steps
 
     def dispatched(self, loss: jax.Array) -> None:
-        if self.uncounted is not None:
-            jax.block_until_ready(self.uncounted)
+        self.uncounted.append(loss)
+        while len(self.uncounted) > self.IN_FLIGHT:
+            jax.block_until_ready(self.uncounted.popleft())
             self.tqdm.update(1)
-        self.uncounted = loss
 
     def waited(self) -> None:
-        """The loop waited for the last dispatched step."""
-        self.tqdm.update(1)
-        self.uncounted = None
+        """The loop waited for every dispatched step."""
+        self.tqdm.update(len(self.uncounted))
+        self.uncounted.clear()
 
 
 class _Evaluated(NamedTuple):
@@ -407,14 +480,30 @@ def _restore_or_start(
     return Progress(phase, global_offset, state, start_step, tracker, best, wall_time)
 
 
-def _log_train(ctx: Context, bar: "_StepBar") -> Callable[[Progress], None]:
-    """metrics.jsonl's train record of the steps since the last one, and the progress bar's numbers."""
+def _compile_seconds(ctx: Context) -> float:
+    return ctx.timer.seconds.get(timing.COMPILATION, 0.0)
+
+
+def _start_window(ctx: Context, p: Progress) -> None:
+    p.window, p.window_start, p.window_paused, p.window_compile = [], time.time(), 0.0, _compile_seconds(ctx)
+
+
+def _log_train(ctx: Context, bar: "_StepBar", peak: float | None, kind: str) -> Callable[[Progress], None]:
+    """metrics.jsonl's train record of the steps since the last one, and the progress bar's numbers; the
+    window's seconds leave out evaluation, checkpoints and compilation inside it."""
+    devices = ctx.mesh.devices.size
 
     def run(p: Progress) -> None:
-        stats = train_stats(jax.device_get(p.window), ctx.global_batch_size, time.time() - p.window_start)
+        window = jax.device_get(p.window)  # waits for the window's steps
+        compiling = _compile_seconds(ctx) - p.window_compile
+        seconds = time.time() - p.window_start - p.window_paused - compiling
+        stats = train_stats(window, seconds, peak, devices)
+        for key in THROUGHPUT_SUMS:
+            total = stats["step_seconds"] if key == "step_seconds" else sum(float(m[key]) for m in window)
+            p.throughput[key] = p.throughput.get(key, 0.0) + total
         ctx.report.train(global_step=p.global_step, metrics=stats)
         bar.tqdm.set_postfix(loss=f"{stats['loss']:.4f}", ex_per_s=f"{stats['examples_per_s']:.1f}")
-        p.window, p.window_start = [], time.time()
+        _start_window(ctx, p)
 
     return run
 
@@ -465,12 +554,13 @@ def _save(ctx: Context, periodic: checkpointing.PhaseCheckpoints) -> Callable[[P
 def periodic_actions(
     ctx: Context, phase: phases.Phase, checkpoints: _Checkpoints, features: dict, bar: "_StepBar"
 ) -> list[PeriodicAction]:
+    peak = device_peak()
     """What runs after a step, in this order, each at its cadence: the train log, the dev evaluation
     (with the stop rule and the best checkpoint), the periodic checkpoint (also when preempted, so the
     stop loses nothing), then the observer's `step_ended`."""
     spec, n = ctx.spec, phase.num_steps
     return [
-        PeriodicAction("log", lambda p: due(p.step, spec.log_every_steps, n), _log_train(ctx, bar)),
+        PeriodicAction("log", lambda p: due(p.step, spec.log_every_steps, n), _log_train(ctx, bar, *peak)),
         PeriodicAction(
             "evaluate",
             lambda p: due(p.step, spec.eval_every_steps, n),
@@ -488,6 +578,21 @@ def periodic_actions(
             reads_params=False,
         ),
     ]
+
+
+def device_peak() -> tuple[float | None, str]:
+    """The devices' bf16 peak FLOP/s (None where unknown, as on CPU) and their kind."""
+    kind = jax.devices()[0].device_kind
+    return flops.peak_flops(kind), kind
+
+
+def device_peak_and_devices(ctx: Context) -> tuple[float | None, int, str]:
+    peak, kind = device_peak()
+    return peak, ctx.mesh.devices.size, kind
+
+
+# Periodic actions whose time is not training time: the log window leaves them out.
+_PAUSES_WINDOW = frozenset({"evaluate", "checkpoint"})
 
 
 def _phase_end(
@@ -605,6 +710,28 @@ def batch_feed(
         yield batching.process_slice(batch, jax.process_index(), jax.process_count())
 
 
+def device_batches(
+    ctx: Context, phase: phases.Phase, index: int, start_step: int, train_features
+) -> Iterator[tuple[dict[str, jax.Array], int]]:
+    """The phase's global batches on the devices from `start_step` on, with their padded length: what
+    the prefetch thread makes ready while earlier steps run."""
+    batches = batch_feed(
+        ctx.datasets["train"].arrays,
+        seed=ctx.spec.seed,
+        phase_index=index,
+        start_step=start_step,
+        global_batch_size=ctx.global_batch_size,
+        buckets=ctx.train_order.buckets,
+        with_index=train_features is not None,
+        scheme=ctx.train_order.scheme,
+        group_batches=ctx.train_order.group_batches,
+    )
+    for local in batches:
+        if train_features is not None:
+            local = train_features.attach(local)
+        yield sharding.put_batch(local, ctx.mesh), int(local["input_ids"].shape[1])
+
+
 def run_phase(
     ctx: Context,
     phase: phases.Phase,
@@ -628,6 +755,7 @@ def run_phase(
         mesh=ctx.mesh,
         seed=ctx.spec.seed,
         max_grad_norm=ctx.spec.max_grad_norm,
+        grad_accum_steps=ctx.spec.grad_accum_steps,
     )
     checkpoints = _Checkpoints.open(ctx, phase, trained=trained, frozen=frozen)
     progress = _restore_or_start(ctx, phase, phase_step, checkpoints, params, global_offset, best)
@@ -639,45 +767,52 @@ def run_phase(
     with ctx.timer.phase("feature_cache"):  # built, or opened (shared by another run)
         features = feature_caches(ctx, phase, progress.state.params) if frozen_backbone else {}
     train_features = features["train"] if phase.feature_cache else None
-    progress.window_start = time.time()  # the first log's examples/s: steps only, not the cache build
+    _start_window(ctx, progress)  # the first log's rates: steps only, not the cache build
     bar = _StepBar(phase, progress.step)
     actions = periodic_actions(ctx, phase, checkpoints, features, bar)
-    batches = batch_feed(
-        ctx.datasets["train"].arrays,
-        seed=ctx.spec.seed,
-        phase_index=index,
-        start_step=progress.step,
-        global_batch_size=ctx.global_batch_size,
-        buckets=ctx.train_order.buckets,
-        with_index=train_features is not None,
-        scheme=ctx.train_order.scheme,
-        group_batches=ctx.train_order.group_batches,
-    )
-    while progress.stop_reason is None and progress.step < phase.num_steps:
-        local = next(batches)
-        ctx.observer.step_started(phase.name, progress.step)
-        if train_features is not None:
-            local = train_features.attach(local)
-        progress.state, step_metrics = phase_step.train_step(
-            progress.state, sharding.put_batch(local, ctx.mesh)
-        )
-        progress.step += 1
-        progress.window.append(step_metrics)
-        bar.dispatched(step_metrics["loss"])
+    step_flops = functools.lru_cache(compute.step_flops_of(ctx.spec, phase))
+    feed = prefetch.Prefetch(device_batches(ctx, phase, index, progress.step, train_features), PREFETCH_DEPTH)
+    try:
+        while progress.stop_reason is None and progress.step < phase.num_steps:
+            device_batch, length = next(feed)
+            ctx.observer.step_started(phase.name, progress.step)
+            logs = due(progress.step + 1, ctx.spec.log_every_steps, phase.num_steps)
+            progress.state, step_metrics = phase_step.train_step(
+                progress.state, device_batch, with_norms=logs
+            )
+            progress.step += 1
+            rows = ctx.global_batch_size
+            progress.window.append(
+                {
+                    **step_metrics,
+                    "examples": rows,
+                    "padded_tokens": rows * length,
+                    "flops": step_flops(rows, length),
+                }
+            )
+            bar.dispatched(step_metrics["loss"])
 
-        progress.preempted = preemption.should_stop(progress.global_step)  # every step, on every process
-        progress.evaluated = None
-        due_now = [action for action in actions if action.due(progress)]
-        if any(action.reads_params for action in due_now):
-            # Before anything reads the parameters: NaN is never logged as progress, evaluated, saved.
-            _raise_if_nonfinite(progress.state, phase.name, checkpoints)
-            bar.waited()
-        for action in due_now:
-            action.run(progress)
-        if progress.preempted:
-            checkpoints.close()
-            bar.tqdm.close()  # before the message, so that it is the last line
-            raise preemption.stopped(f"{phase.name} step {progress.step}")
+            progress.preempted = preemption.should_stop(progress.global_step)  # every step, every process
+            progress.evaluated = None
+            due_now = [action for action in actions if action.due(progress)]
+            if any(action.reads_params for action in due_now):
+                # Before anything reads the parameters: NaN is never logged as progress, evaluated, saved.
+                _raise_if_nonfinite(progress.state, phase.name, checkpoints)
+                bar.waited()
+            for action in due_now:
+                if action.name in _PAUSES_WINDOW:
+                    paused, compiled = time.time(), _compile_seconds(ctx)
+                    action.run(progress)
+                    progress.window_paused += time.time() - paused
+                    progress.window_compile += _compile_seconds(ctx) - compiled  # counted in the pause
+                else:
+                    action.run(progress)
+            if progress.preempted:
+                checkpoints.close()
+                bar.tqdm.close()  # before the message, so that it is the last line
+                raise preemption.stopped(f"{phase.name} step {progress.step}")
+    finally:
+        feed.close()
     bar.tqdm.close()
     with ctx.timer.phase("checkpoint_writes"):  # waits for background writes
         checkpoints.close()
@@ -685,6 +820,7 @@ def run_phase(
     boundaries.check_frozen(phase.name, progress.state.params, trained, frozen)
     record = _phase_end(ctx, progress, features, frozen_backbone)
     record["parameters"] = parameter_counts(progress.state.params, trained)
+    record["throughput"] = throughput_record(progress.throughput, *device_peak_and_devices(ctx))
     # Cached features may round differently from the backbone's own outputs: only an evaluation without
     # them scored exactly what final scoring would.
     dev_at_end = progress.evaluated.dev if progress.evaluated is not None and not features else None

@@ -6,6 +6,7 @@ backbone features (feature_cache.py); the batch's keys pick the path when the st
 """
 
 import dataclasses
+import functools
 from typing import Any
 
 import flax.struct
@@ -74,48 +75,78 @@ def train_step(
     objective: Objective,
     dropout_key: jax.Array,
     backbone_deterministic: bool = False,
+    with_norms: bool = False,
+    grad_accum_steps: int = 1,
+    max_grad_norm: float = 0.0,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step. Frozen leaves (`trainable` False) enter the forward pass behind
     `stop_gradient`, so no backward pass runs through a frozen backbone, and they are returned untouched
     (bit-identical, not `p + 0`). `backbone_deterministic` runs the backbone without dropout; on a batch
-    with cached features the backbone does not run at all."""
+    with cached features the backbone does not run at all.
+
+    `with_norms` (static) adds the per-part gradient and update norms: the loop asks for them only on
+    the steps it logs, so the other steps skip their passes over the parameters. `grad_accum_steps`
+    (static) splits the batch into that many micro-batches whose gradients are summed before the one
+    optimizer update: the same update as the whole batch at once, in a k-th of the activation memory.
+    `max_grad_norm` > 0 clips the gradients here, with the norm the step computes anyway, as
+    `optax.clip_by_global_norm` would (loop.build_phase_step builds `tx` without its own clip): one pass
+    over the gradients fewer."""
     # Dropout masks depend only on (seed, phase, step): a resumed run draws the same ones.
     step_key = jax.random.fold_in(dropout_key, state.step)
-
-    def loss_fn(params):
-        params = jax.tree.map(lambda t, p: p if t else jax.lax.stop_gradient(p), trainable, params)
-        return mean_loss(
-            params,
+    if grad_accum_steps == 1:
+        (loss, stats), grads = loss_and_grads(
+            state.params,
             batch,
+            step_key,
+            trainable=trainable,
             graphdef=graphdef,
             objective=objective,
-            dropout_key=step_key,
             backbone_deterministic=backbone_deterministic,
         )
-
-    (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    else:
+        loss, stats, grads = _accumulated(
+            state.params,
+            batch,
+            step_key,
+            trainable,
+            graphdef,
+            objective,
+            backbone_deterministic,
+            grad_accum_steps,
+        )
     trainable_grads = jax.tree.map(lambda t, g: g if t else None, trainable, grads)
     grad_norm = optax.tree.norm(trainable_grads)
-    # Checked here, every step, at the cost of one fused select per parameter; the host reads the
-    # flag only when it logs, evaluates or saves, so the check never stalls the step pipeline.
+    # One scalar decides the whole update: a non-finite step (or any after it) skips the optimizer
+    # entirely inside `lax.cond`, instead of a select over every parameter and moment. The host reads
+    # the flag only when it logs, evaluates or saves, so the check never stalls the step pipeline.
     first_nonfinite_step = jnp.where(
         (state.first_nonfinite_step < 0) & ~(jnp.isfinite(loss) & jnp.isfinite(grad_norm)),
         state.step,
         state.first_nonfinite_step,
     )
-    healthy = first_nonfinite_step < 0
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    stepped = optax.apply_updates(state.params, updates)
-    params = jax.tree.map(
-        lambda t, old, new: jnp.where(healthy, new, old) if t else old, trainable, state.params, stepped
+
+    def update(operands):
+        params, opt_state = operands
+        clipped = grads
+        if max_grad_norm > 0:  # optax.clip_by_global_norm's formula, fused into the optimizer's pass
+            keep = grad_norm < max_grad_norm
+            clipped = jax.tree.map(
+                lambda t, g: (
+                    jax.lax.select(keep, g, (g / grad_norm.astype(g.dtype)) * max_grad_norm) if t else g
+                ),
+                trainable,
+                grads,
+            )
+        updates, opt_state = tx.update(clipped, opt_state, params)
+        stepped = optax.apply_updates(params, updates)
+        return jax.tree.map(lambda t, old, new: new if t else old, trainable, params, stepped), opt_state
+
+    params, opt_state = jax.lax.cond(
+        first_nonfinite_step < 0, update, lambda operands: operands, (state.params, state.opt_state)
     )
-    opt_state = jax.tree.map(lambda new, old: jnp.where(healthy, new, old), opt_state, state.opt_state)
-    metrics = {
-        "loss": loss,
-        "grad_norm": grad_norm,
-        **stats,
-        **_norms_by_part(trainable, grads, state.params, params),
-    }
+    metrics = {"loss": loss, "grad_norm": grad_norm, **stats, "real_tokens": _real_tokens(batch)}
+    if with_norms:
+        metrics.update(_norms_by_part(trainable, grads, state.params, params))
     new_state = TrainState(
         step=state.step + 1,
         params=params,
@@ -123,6 +154,78 @@ def train_step(
         first_nonfinite_step=first_nonfinite_step,
     )
     return new_state, metrics
+
+
+def loss_and_grads(
+    params: Any,
+    batch: Batch,
+    dropout_key: jax.Array,
+    *,
+    trainable: Any,
+    graphdef: nnx.GraphDef,
+    objective: Objective,
+    backbone_deterministic: bool,
+) -> tuple[tuple[jax.Array, dict[str, jax.Array]], Any]:
+    """((mean loss, stats), gradients) of one batch: the step before its optimizer tail (what
+    benchmarks/profile_step.py --tail subtracts to measure that tail)."""
+    return jax.value_and_grad(_trainable_loss, has_aux=True)(
+        params, batch, dropout_key, trainable, graphdef, objective, backbone_deterministic, True
+    )
+
+
+def _trainable_loss(
+    params, batch, key, trainable, graphdef, objective, backbone_deterministic, mean
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The batch's loss (its mean over real rows, or with `mean` False its sum) with frozen leaves
+    behind `stop_gradient`."""
+    params = jax.tree.map(lambda t, p: p if t else jax.lax.stop_gradient(p), trainable, params)
+    loss, stats = mean_loss(
+        params,
+        batch,
+        graphdef=graphdef,
+        objective=objective,
+        dropout_key=key,
+        backbone_deterministic=backbone_deterministic,
+    )
+    return (loss if mean else stats["loss_sum"]), stats
+
+
+def _accumulated(
+    params, batch, step_key, trainable, graphdef, objective, backbone_deterministic, k: int
+) -> tuple[jax.Array, dict[str, jax.Array], Any]:
+    """Mean loss, summed stats and gradients of the batch over `k` micro-batches in a `lax.scan`.
+    Micro-batch j is rows j, j+k, j+2k, ...: each device's shard of the batch holds its share of every
+    micro-batch, so no micro-batch waits on a subset of the devices. Summed losses, divided once by the
+    batch's count, make the gradient the whole batch's (not a mean of micro-batch means)."""
+    micro = jax.tree.map(lambda x: jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1), batch)
+    grad_fn = jax.grad(_trainable_loss, has_aux=True)
+
+    def body(carry, inputs):
+        grads_sum, stats_sum = carry
+        index, micro_batch = inputs
+        key = jax.random.fold_in(step_key, index)
+        grads, stats = grad_fn(
+            params, micro_batch, key, trainable, graphdef, objective, backbone_deterministic, False
+        )
+        add = functools.partial(jax.tree.map, jnp.add)
+        return (add(grads_sum, grads), add(stats_sum, stats)), None
+
+    first = jax.tree.map(lambda x: x[0], micro)
+    stats_shape = jax.eval_shape(
+        lambda: _trainable_loss(
+            params, first, step_key, trainable, graphdef, objective, backbone_deterministic, False
+        )[1]
+    )
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (jax.eval_shape(lambda: params), stats_shape))
+    (grads, stats), _ = jax.lax.scan(body, zeros, (jnp.arange(k), micro))
+    count = jnp.maximum(stats["count"], 1.0)
+    grads = jax.tree.map(lambda g: g / count.astype(g.dtype), grads)
+    return stats["loss_sum"] / count, stats, grads
+
+
+def _real_tokens(batch: Batch) -> jax.Array:
+    """Non-padding tokens of the batch (its attention mask's sum), which the log's tokens/s counts."""
+    return jnp.sum(batch["attention_mask"], dtype=jnp.float32)
 
 
 def _norms_by_part(trainable: Any, grads: Any, old: Any, new: Any) -> dict[str, jax.Array]:

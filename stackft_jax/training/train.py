@@ -69,7 +69,10 @@ def run(
     if not os.access(workdir, os.W_OK):  # exit 1, as a read-only parent (cli_errors: a read-only folder)
         raise DataError(f"--workdir={workdir} is not writable: the run writes its checkpoints there")
     mesh = sharding.make_mesh()
-    global_batch = sharding.global_batch_size(run_spec.per_device_batch_size, mesh)
+    # The effective batch: grad_accum_steps micro-batches per optimizer step (steps.train_step).
+    global_batch = (
+        sharding.global_batch_size(run_spec.per_device_batch_size, mesh) * run_spec.grad_accum_steps
+    )
     with workdirs.exclusive(workdir):
         workdirs.bind_run(workdir, run_spec, global_batch_size=global_batch, allow_change=allow_config_change)
         with timing.RunTimer() as timer:
@@ -140,7 +143,10 @@ def _set_up(
     with timer.phase("model_load"):
         graphdef, params, bert_config = build.initial_model(run_spec, model_dir, mesh)
 
-    global_batch = sharding.global_batch_size(run_spec.per_device_batch_size, mesh)
+    # The effective batch: grad_accum_steps micro-batches per optimizer step (steps.train_step).
+    global_batch = (
+        sharding.global_batch_size(run_spec.per_device_batch_size, mesh) * run_spec.grad_accum_steps
+    )
     buckets = batching.length_buckets(run_spec.max_seq_length)
     eval_global_batch = sharding.global_batch_size(run_spec.eval_per_device_batch_size, mesh)
     param_names = tuple(optim.path_str(path) for path, _ in jax.tree_util.tree_leaves_with_path(params))
