@@ -30,13 +30,15 @@ def _records(gold, predicted):
     ]
 
 
-def test_entity_f1_from_counts_equals_seqeval_strict():
+def test_entity_f1_from_counts_equals_seqeval_in_both_conventions():
     gold, predicted = _random_tagging(np.random.default_rng(0), 300)
     expected = metrics.entity_scores(gold, predicted)
     records = _records(gold, predicted)
-    for metric in ("f1", "precision", "recall", "accuracy", "f1_PER", "f1_LOC", "f1_ORG"):
+    entity_scores = ("f1", "precision", "recall", "f1_PER", "f1_LOC", "f1_ORG")
+    for metric in ("accuracy", *entity_scores, *(f"strict_{name}" for name in entity_scores)):
         counts = statistics.example_counts(records, metric, tagging=True)
         assert statistics.metric_of(counts) == pytest.approx(expected[metric]), metric
+    assert expected["f1"] != pytest.approx(expected["strict_f1"])  # the ill-formed I- starts count once
 
 
 @pytest.mark.parametrize("metric", ["accuracy", "f1", "macro_f1"])

@@ -369,7 +369,7 @@ def _check_rules_apply(spec: RunSpec) -> None:
         if b.max_train_dev_gap is None:
             continue
         alias = b.source.split(" ")[0]  # "config.phase1", "config.phases[0]"
-        metric = b.gap_metric or spec.task.gap_metric
+        metric = spec.task.rule_metric(b.gap_metric or spec.task.gap_metric)
         if metric not in spec.task.metrics:
             raise ConfigError(
                 f"{alias}.gap_metric={metric!r}: data.task={spec.data.task!r} scores "
