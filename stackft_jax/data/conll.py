@@ -12,8 +12,8 @@ sentences get `NO_DOCUMENT`, and document context is unavailable for them.
 
 The task encodes sentences as sub-token windows whose first sub-tokens carry the word labels
 (data/word_pieces.py), trains with the word-tagging objective (objectives.py: the head's per-word
-scores own the loss and decoding), joins split sentences back and scores entities under conlleval's convention (`f1`,
-the primary, as the field reports CoNLL-2003) and strict IOB2 (`strict_f1`) beside it
+scores own the loss and decoding), joins split sentences back and scores entities under conlleval's
+convention (`f1`, the primary, as the field reports CoNLL-2003) and strict IOB2 (`strict_f1`) beside it
 (metrics.entity_scores). `data.entity_f1` names the one a run's rules read (best checkpoint, the phase-1
 gap rule's `f1`). An example is a sentence; its prediction record holds its tags.
 

@@ -102,7 +102,9 @@ def _entity_prf(
         return {f"{prefix}f1": nan, f"{prefix}precision": nan, f"{prefix}recall": nan}
     if strict:
         kwargs = {"scheme": IOB2, "mode": "strict", "zero_division": 0}
-        precision, recall, f1, _ = v1.precision_recall_fscore_support(gold, predicted, average="micro", **kwargs)
+        precision, recall, f1, _ = v1.precision_recall_fscore_support(
+            gold, predicted, average="micro", **kwargs
+        )
         per_type = v1.precision_recall_fscore_support(gold, predicted, average=None, **kwargs)[2]
         names = v1.unique_labels(gold, predicted, IOB2)
     else:
@@ -115,7 +117,9 @@ def _entity_prf(
         scores[f"{prefix}f1_{name}"] = float(value) if name in gold_types else nan
     if not gold_types:
         recall = f1 = nan
-    scores.update({f"{prefix}f1": float(f1), f"{prefix}precision": float(precision), f"{prefix}recall": float(recall)})
+    scores.update(
+        {f"{prefix}f1": float(f1), f"{prefix}precision": float(precision), f"{prefix}recall": float(recall)}
+    )
     return scores
 
 

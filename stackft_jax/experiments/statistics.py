@@ -86,7 +86,9 @@ def entity_counts(
     from seqeval.scheme import IOB2, Entities
 
     if strict:
-        gold_entities = [[e.to_tuple()[1:] for e in s] for s in Entities([list(s) for s in gold], IOB2).entities]
+        gold_entities = [
+            [e.to_tuple()[1:] for e in s] for s in Entities([list(s) for s in gold], IOB2).entities
+        ]
         predicted_entities = [
             [e.to_tuple()[1:] for e in s] for s in Entities([list(s) for s in predicted], IOB2).entities
         ]
@@ -242,6 +244,21 @@ def tost(differences: Sequence[float], margin: float) -> dict[str, float | bool 
         return {"margin": margin, "p_value": None, "equivalent": None}
     p = float(ttost_paired(d, np.zeros_like(d), -margin, margin)[0])
     return {"margin": margin, "p_value": p, "equivalent": p < 0.05}
+
+
+def minimum_detectable_difference(
+    differences: Sequence[float], *, alpha: float = 0.05, power: float = 0.8
+) -> float | None:
+    """The smallest true mean difference a two-sided paired t-test at `alpha` detects with probability
+    `power`, at these differences' seed count and standard deviation (statsmodels' TTestPower, the
+    noncentral t): what a table of n seeds could have shown. None under two seeds or with no spread."""
+    from statsmodels.stats.power import TTestPower
+
+    d = np.asarray(differences, float)
+    if len(d) < 2 or np.ptp(d) == 0:
+        return None
+    effect = TTestPower().solve_power(nobs=len(d), alpha=alpha, power=power, alternative="two-sided")
+    return float(effect * d.std(ddof=1))
 
 
 def sign_flip_test(differences: Sequence[float], alternative: str = "two-sided") -> float:
