@@ -211,3 +211,18 @@ def test_bootstrap_p_is_never_printed_as_zero():
     assert statistics.format_p(0.0, samples=1000) == "< 1/1000"
     assert statistics.format_p(0.0125, samples=1000) == "0.013"
     assert statistics.format_p(None) == "-"
+
+
+def test_the_minimum_detectable_difference_is_detected_four_times_in_five():
+    # Simulated paired t-tests at 5 seeds whose true mean difference is the reported one and whose SD is
+    # the differences': about 80% reject at 0.05, two-sided.
+    differences = [0.010, 0.022, -0.004, 0.015, 0.006]
+    detectable = statistics.minimum_detectable_difference(differences)
+    sd = np.std(differences, ddof=1)
+    draws = np.random.default_rng(0).normal(detectable, sd, size=(20_000, 5))
+    rejected = scipy.stats.ttest_1samp(draws, 0.0, axis=1).pvalue < 0.05
+    assert rejected.mean() == pytest.approx(0.8, abs=0.01)
+    assert statistics.minimum_detectable_difference([0.01]) is None
+    assert statistics.minimum_detectable_difference([0.01, 0.01]) is None
+    # Fewer seeds, a larger detectable difference at the same spread.
+    assert statistics.minimum_detectable_difference(differences[:3]) > detectable

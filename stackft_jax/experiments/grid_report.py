@@ -676,6 +676,7 @@ def build_report(
         "cells": cell_statistics(runs + ensembles, grid.metric, beside),
         "comparisons": comparisons(runs + ensembles, grid, aso_iterations=aso_iterations, beside=beside),
         "beside_metrics": list(beside),
+        **({"rescored_runs": rescored} if (rescored := sum("rescored" in r.results for r in runs)) else {}),
         "statistics": {
             "primary_interval": "seed-level paired t-interval, 95%, two-sided (scipy.stats.ttest_1samp)",
             "tests": "all two-sided",

@@ -186,9 +186,16 @@ def _comparison_lines(grid: ml_collections.ConfigDict, report: dict[str, Any]) -
         "reached 0. With 3-5 seeds a percentile bootstrap over seeds covers less than its nominal 95%: "
         "read the t-interval first.",
         "",
-        f"Test (where the runs scored it) is read as dev is: its t-test p Holm-corrected over the table's "
-        f"{sum('test' in row for row in rows)} test rows, shown `raw (Holm)`, and TOST at the same margin.",
-        "",
+        *(
+            [
+                "Test is read as dev is: its t-test p Holm-corrected over the table's "
+                f"{sum('test' in row for row in rows)} test rows, shown `raw (Holm)`, and TOST at the same "
+                "margin.",
+                "",
+            ]
+            if any("test" in row for row in rows)
+            else []
+        ),
         "| cell | vs | valid | per seed | dev mean [95% t-interval] | t-test p | Wilcoxon p | sign-flip p "
         "| TOST p | ASO eps | bootstrap diff [95% CI] ±MC, p | test mean [95% t-interval], t-test p (Holm) "
         "| test TOST p | test bootstrap | compute ratio |",
@@ -501,4 +508,10 @@ def render(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
                 f"| {shown[gap]} |" + "".join(f" {shown[m]} |" for m in scored)
             )
     lines += ["", "Figures: `figures/metric_by_cell.png`, `figures/dev_curves.png` (seed 0)."]
+    if report.get("rescored_runs"):
+        lines[-1] += (
+            f" {report['rescored_runs']} runs were rescored from their prediction files after they ran "
+            "(results.json `rescored`): their final scores are as the tables show; their dev curves and "
+            "boundary scores are as logged during training, strict IOB2 entity F1."
+        )
     return "\n".join(lines) + "\n"
