@@ -226,3 +226,16 @@ def test_the_minimum_detectable_difference_is_detected_four_times_in_five():
     assert statistics.minimum_detectable_difference([0.01, 0.01]) is None
     # Fewer seeds, a larger detectable difference at the same spread.
     assert statistics.minimum_detectable_difference(differences[:3]) > detectable
+
+
+def test_resampled_totals_equal_the_gather_exactly():
+    # The bootstrap's multiplicity-and-matrix-product totals are the gathered sums to the bit for integer
+    # counts (so the committed reports' intervals do not move), and the gather itself for other counts.
+    rng = np.random.default_rng(3)
+    seeds, examples = rng.integers(0, 4, (7, 4)), rng.integers(0, 50, (7, 4, 50))
+    integer = rng.integers(0, 5, (4, 50, 3)).astype(float)
+    real = rng.normal(size=(4, 50, 2))
+    totals = statistics._resampled_totals((integer, real[..., :1].round()), seeds, examples)
+    assert np.array_equal(totals[0], integer[seeds[..., None], examples].sum(2))
+    (gathered,) = statistics._resampled_totals((real,), seeds, examples)
+    assert np.array_equal(gathered, real[seeds[..., None], examples].sum(2))

@@ -152,6 +152,32 @@ def metric_of(counts: Counts) -> float:
     return float(counts.metric(counts.counts.sum(0)))
 
 
+def _resampled_totals(
+    sides: tuple[np.ndarray, ...], seeds: np.ndarray, examples: np.ndarray
+) -> list[np.ndarray]:
+    """Each side's counts [seeds, examples, k] summed over each resample's examples of its resampled
+    seeds: [resamples, seeds, k], as `counts[seeds[..., None], examples].sum(2)`. Integer counts (every
+    metric but Pearson's sums) go through each example's multiplicity, shared by the sides, and one
+    matrix product per seed: the same totals, exactly (integer sums in float64), several times faster
+    than gathering [resamples, seeds, examples, k]."""
+    if not all(np.array_equal(counts, np.round(counts)) for counts in sides):
+        return [counts[seeds[..., None], examples].sum(2) for counts in sides]
+    size, num_seeds = seeds.shape
+    num_examples = sides[0].shape[1]
+    offsets = np.arange(size * num_seeds)[:, None] * num_examples
+    multiplicity = np.bincount((offsets + examples.reshape(size * num_seeds, -1)).ravel(),
+                               minlength=size * num_seeds * num_examples)  # fmt: skip
+    multiplicity = multiplicity.reshape(size * num_seeds, num_examples).astype(float)
+    by_source = [(source, seeds.ravel() == source) for source in range(sides[0].shape[0])]
+    totals = []
+    for counts in sides:
+        summed = np.empty((size * num_seeds, counts.shape[2]))
+        for source, rows in by_source:
+            summed[rows] = multiplicity[rows] @ counts[source]
+        totals.append(summed.reshape(size, num_seeds, -1))
+    return totals
+
+
 def two_level_bootstrap(
     cell: np.ndarray,
     baseline: np.ndarray,
@@ -178,8 +204,7 @@ def two_level_bootstrap(
             size = min(chunk, count - start)
             seeds = rng.integers(0, num_seeds, size=(size, num_seeds))
             examples = rng.integers(0, num_examples, size=(size, num_seeds, num_examples))
-            ours = cell[seeds[..., None], examples].sum(2)  # [size, seeds, k]
-            theirs = baseline[seeds[..., None], examples].sum(2)
+            ours, theirs = _resampled_totals((cell, baseline), seeds, examples)  # [size, seeds, k] each
             differences.append(np.nanmean(metric(ours) - metric(theirs), axis=1))
 
     def endpoint_error(resampled: np.ndarray) -> float:
