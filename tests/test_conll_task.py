@@ -201,3 +201,19 @@ def test_data_entity_f1_names_the_f1_a_runs_rules_read_and_older_records_read_st
     kept = config_cli.with_legacy_keys({"data": {"task": "conll2003", "entity_f1": "conlleval"}})
     assert kept["data"]["entity_f1"] == "conlleval"
     assert "entity_f1" not in config_cli.with_legacy_keys({"data": {"task": "qqp"}})["data"]
+
+
+def test_a_recorded_run_without_entity_f1_binds_as_strict_where_a_rule_reads_it():
+    from stackft_jax.config import spec
+
+    def old_and_now(items: list[str]) -> tuple[dict, dict]:
+        now = spec.resolve(config_cli.load("configs/tiny.py:conll", items))
+        old = now.raw | {"data": {k: v for k, v in now.raw["data"].items() if k != "entity_f1"}}
+        return spec.recorded_binding_form(old, now.raw)["config"], spec.binding_form(now)["config"]
+
+    # phase 1's gap rule on `f1` read strict F1 then and reads conlleval's now: a rerun is another run
+    old, now = old_and_now(["strategy=stack_and_finetune"])
+    assert (old["data"]["entity_f1"], now["data"]["entity_f1"]) == ("strict", "conlleval")
+    # no rule reads it (no gap rule, the last parameters scored): the same run under either value
+    old, now = old_and_now(["strategy=finetune_only"])
+    assert old == now and "entity_f1" not in now["data"]
