@@ -11,11 +11,13 @@ import pytest
 from flax import nnx
 
 from configs import tiny
+from stackft_jax.config import config_cli
 from stackft_jax.data import batching, conll, metrics, tasks, tokenization
 from stackft_jax.data.samples import sample_path
 from stackft_jax.data.task_spec import Split, load_split
 from stackft_jax.models import bert, objectives
 from stackft_jax.models.task_model import TaskModel
+from stackft_jax.runtime.cli_errors import ConfigError
 from stackft_jax.training import build
 from tests.test_train import _assert_same_run
 
@@ -38,7 +40,7 @@ def test_the_task_is_registered_and_describes_its_scoring():
     assert TASK.num_outputs == 9 and TASK.output_names == conll.TAGS
     assert TASK.objective is objectives.WORD_TAGGING and TASK.metrics[0] == "f1"
     described = TASK.describe()
-    assert described["tag_scheme"] == "IOB2" and "strict" in described["scoring"]
+    assert described["tag_scheme"] == "IOB2" and "conlleval" in described["scoring"]
 
 
 def test_split_sentences_are_joined_and_a_prefix_scores_only_whole_sentences(tokenizer):
@@ -183,3 +185,35 @@ def test_a_killed_tagging_run_resumes_bit_identical(conll_uninterrupted, tmp_pat
     proc = run_cli(tmp_path, config=config)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _assert_same_run(conll_uninterrupted, tmp_path, num_dev_examples=101)
+
+
+def test_data_entity_f1_names_the_f1_a_runs_rules_read_and_older_records_read_strict():
+    default, strict = TASK.configure({"entity_f1": "conlleval"}), TASK.configure({"entity_f1": "strict"})
+    assert default.metrics[0] == "f1" and default.rule_metric("f1") == "f1"
+    assert strict.metrics[0] == "strict_f1" and strict.rule_metric("f1") == "strict_f1"
+    assert strict.rule_metric("accuracy") == "accuracy"
+    with pytest.raises(ConfigError, match=r"^config.data.entity_f1='iob1': choose one of"):
+        TASK.configure({"entity_f1": "iob1"})
+    # A config recorded before the key (config.json, results.json) ran the strict gap rule; one that set
+    # it keeps it, and a task without entity F1 gets no such key.
+    recorded = config_cli.with_legacy_keys({"data": {"task": "conll2003"}, "phases": []})
+    assert recorded["data"]["entity_f1"] == "strict"
+    kept = config_cli.with_legacy_keys({"data": {"task": "conll2003", "entity_f1": "conlleval"}})
+    assert kept["data"]["entity_f1"] == "conlleval"
+    assert "entity_f1" not in config_cli.with_legacy_keys({"data": {"task": "qqp"}})["data"]
+
+
+def test_a_recorded_run_without_entity_f1_binds_as_strict_where_a_rule_reads_it():
+    from stackft_jax.config import spec
+
+    def old_and_now(items: list[str]) -> tuple[dict, dict]:
+        now = spec.resolve(config_cli.load("configs/tiny.py:conll", items))
+        old = now.raw | {"data": {k: v for k, v in now.raw["data"].items() if k != "entity_f1"}}
+        return spec.recorded_binding_form(old, now.raw)["config"], spec.binding_form(now)["config"]
+
+    # phase 1's gap rule on `f1` read strict F1 then and reads conlleval's now: a rerun is another run
+    old, now = old_and_now(["strategy=stack_and_finetune"])
+    assert (old["data"]["entity_f1"], now["data"]["entity_f1"]) == ("strict", "conlleval")
+    # no rule reads it (no gap rule, the last parameters scored): the same run under either value
+    old, now = old_and_now(["strategy=finetune_only"])
+    assert old == now and "entity_f1" not in now["data"]

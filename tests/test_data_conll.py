@@ -198,15 +198,33 @@ def test_entity_scores_on_hand_worked_sentences():
     # Gold entities: PER, LOC, ORG, MISC. Predicted, strict IOB2: PER (right), ORG where LOC is (wrong),
     # MISC (right); "I-ORG" opening a sentence is no entity in strict mode. 2 right of 3 predicted, 4 gold.
     scores = metrics.entity_scores(gold, predicted)
-    assert scores["precision"] == pytest.approx(2 / 3)
-    assert scores["recall"] == pytest.approx(2 / 4)
-    assert scores["f1"] == pytest.approx(2 * (2 / 3) * (1 / 2) / (2 / 3 + 1 / 2))
+    assert scores["strict_precision"] == pytest.approx(2 / 3)
+    assert scores["strict_recall"] == pytest.approx(2 / 4)
+    assert scores["strict_f1"] == pytest.approx(2 * (2 / 3) * (1 / 2) / (2 / 3 + 1 / 2))
     assert scores["accuracy"] == pytest.approx(6 / 8)
-    assert (scores["f1_PER"], scores["f1_MISC"], scores["f1_LOC"], scores["f1_ORG"]) == (1.0, 1.0, 0.0, 0.0)
-    # conlleval-style (default) seqeval counts the leading I-ORG as an ORG entity: strict does not.
-    assert seqeval.metrics.f1_score([["B-ORG"]], [["I-ORG"]]) == 1.0
-    strict_org = metrics.entity_scores([["B-ORG"]], [["I-ORG"]])
-    assert strict_org["f1"] == 0.0 and strict_org["accuracy"] == 0.0
+    strict_by_type = [scores[f"strict_f1_{t}"] for t in ("PER", "MISC", "LOC", "ORG")]
+    assert strict_by_type == [1.0, 1.0, 0.0, 0.0]
+    # conlleval's convention (the primary `f1`): the leading I-ORG opens an ORG entity, which matches the
+    # gold ORG: 3 right of 4 predicted, 4 gold; ORG's F1 is 2/3 (1 right, 2 predicted, 1 gold).
+    assert scores["precision"] == pytest.approx(3 / 4) and scores["recall"] == pytest.approx(3 / 4)
+    assert scores["f1"] == pytest.approx(3 / 4)
+    assert [scores[f"f1_{t}"] for t in ("PER", "MISC", "LOC", "ORG")] == [1.0, 1.0, 0.0, pytest.approx(2 / 3)]
+    assert scores["f1"] == pytest.approx(seqeval.metrics.f1_score(gold, predicted))
+    # The minimal case: conlleval counts an I- start, strict does not.
+    lone_i = metrics.entity_scores([["B-ORG"]], [["I-ORG"]])
+    assert (lone_i["f1"], lone_i["strict_f1"], lone_i["accuracy"]) == (1.0, 0.0, 0.0)
+
+
+def test_the_two_entity_f1s_agree_on_well_formed_sequences():
+    # Well-formed IOB2 on both sides (every entity opens with B-; I- continues its own type): the two
+    # conventions extract the same entities, so every score agrees.
+    gold = [["B-PER", "I-PER", "O", "B-LOC", "B-LOC"], ["O", "B-ORG", "I-ORG", "I-ORG", "O"]]
+    predicted = [["B-PER", "I-PER", "O", "B-LOC", "O"], ["O", "B-ORG", "I-ORG", "O", "B-MISC"]]
+    scores = metrics.entity_scores(gold, predicted)
+    for name in ("f1", "precision", "recall", "f1_PER", "f1_LOC", "f1_ORG"):
+        assert scores[name] == scores[f"strict_{name}"], name
+    # PER and the first LOC right; the short ORG and the MISC wrong: 2 right, 4 predicted, 4 gold.
+    assert scores["f1"] == pytest.approx(0.5) and scores["f1_PER"] == 1.0 and scores["f1_ORG"] == 0.0
 
 
 def test_entity_recall_and_f1_without_gold_entities_are_undefined():

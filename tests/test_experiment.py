@@ -766,9 +766,10 @@ def test_the_bootstrap_recomputes_entity_f1_and_test_is_shown_beside_dev(tmp_pat
 
     for run in cells.runs_of(g):
         misses = 5 if run.cell[0][1] == "finetune_only" else 2
-        _scored_run(
-            tmp_path, run, {"dev": (tagged(run.seed, misses), gold), "test": (tagged(1, misses), gold)}
-        )
+        dev = tagged(run.seed, misses)
+        if run.cell[0][1] == "finetune_only":  # an I- start: an entity for conlleval's f1, none for strict
+            dev[2][0] = "I-PER"
+        _scored_run(tmp_path, run, {"dev": (dev, gold), "test": (tagged(1, misses), gold)})
     grid_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
     report = json.loads((tmp_path / "report.json").read_text())
     (row,) = report["comparisons"]
@@ -796,6 +797,51 @@ def test_the_bootstrap_recomputes_entity_f1_and_test_is_shown_beside_dev(tmp_pat
     assert f"the most frequent tag on every word, from the parsed labels): {o_share:.4f}." in text
     assert "(from per-sentence entity counts)" in text
     assert "In the reported `f1`, always predicting that label (tag) scores 0.0000." in text
+    # Strict IOB2 F1 beside conlleval's, said which is which; the baseline's extra I- start (dev) is a right
+    # entity for conlleval only, so its strict F1 is lower and the strict difference larger.
+    assert report["beside_metrics"] == ["strict_f1"] and set(row["beside"]["strict_f1"]) == {"dev", "test"}
+    strict_dev = row["beside"]["strict_f1"]["dev"]["t_interval"]["mean"]
+    assert strict_dev > row["mean_difference"]
+    assert "`strict_f1`: entity F1 under strict IOB2" in text and "| dev strict_f1 mean ± std |" in text
+    assert f"{100 * strict_dev:+.2f} [" in text
+    # Test read as dev: TOST at the grid's margin, the t-test p Holm-corrected over the test rows (one).
+    assert row["test"]["tost"]["margin"] == report["statistics"]["equivalence_margin"]
+
+
+def test_test_rows_are_read_as_dev_holm_over_the_test_table_tost_and_a_power_line(tmp_path):
+    from statsmodels.stats.multitest import multipletests
+    from statsmodels.stats.weightstats import ttost_paired
+
+    g = _grid(
+        axes="strategy=finetune_only|stack_only|stack_and_finetune", num_seeds=3, equivalence_margin=0.2
+    )
+    wrong = {"finetune_only": (3, 4, 3), "stack_only": (2, 2, 3), "stack_and_finetune": (1, 0, 2)}
+    for run in cells.runs_of(g):
+        misses = wrong[run.cell[0][1]][run.seed]
+        _scored_run(
+            tmp_path,
+            run,
+            {
+                "dev": (_learned(run.seed, misses), LABELS_12),
+                "test": (_learned(run.seed + 1, misses), LABELS_12),
+            },
+        )
+    grid_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    report = json.loads((tmp_path / "report.json").read_text())
+    rows = report["comparisons"]
+    tests = [row["test"] for row in rows]
+    raw = [t["t_interval"]["p_value"] for t in tests]
+    assert len(rows) == 2 and None not in raw
+    assert [t["t_test_p_holm"] for t in tests] == pytest.approx(list(multipletests(raw, method="holm")[1]))
+    for t in tests:
+        d = np.asarray(t["per_seed"])
+        assert t["tost"]["p_value"] == pytest.approx(ttost_paired(d, np.zeros_like(d), -0.2, 0.2)[0])
+        assert t["detectable_at_80_power"] > 0  # defined at 3 seeds with spread (its value: test_statistics)
+    text = (tmp_path / "report.md").read_text()
+    assert "t-test p Holm-corrected over the table's 2 test rows" in text
+    assert "| test TOST p |" in text and "Power: the smallest true difference" in text
+    holm = f"{raw[0]:.3f} ({tests[0]['t_test_p_holm']:.3f})"
+    assert holm in text
 
 
 def _fmt4(value: float) -> str:

@@ -30,13 +30,15 @@ def _records(gold, predicted):
     ]
 
 
-def test_entity_f1_from_counts_equals_seqeval_strict():
+def test_entity_f1_from_counts_equals_seqeval_in_both_conventions():
     gold, predicted = _random_tagging(np.random.default_rng(0), 300)
     expected = metrics.entity_scores(gold, predicted)
     records = _records(gold, predicted)
-    for metric in ("f1", "precision", "recall", "accuracy", "f1_PER", "f1_LOC", "f1_ORG"):
+    entity_scores = ("f1", "precision", "recall", "f1_PER", "f1_LOC", "f1_ORG")
+    for metric in ("accuracy", *entity_scores, *(f"strict_{name}" for name in entity_scores)):
         counts = statistics.example_counts(records, metric, tagging=True)
         assert statistics.metric_of(counts) == pytest.approx(expected[metric]), metric
+    assert expected["f1"] != pytest.approx(expected["strict_f1"])  # the ill-formed I- starts count once
 
 
 @pytest.mark.parametrize("metric", ["accuracy", "f1", "macro_f1"])
@@ -209,3 +211,31 @@ def test_bootstrap_p_is_never_printed_as_zero():
     assert statistics.format_p(0.0, samples=1000) == "< 1/1000"
     assert statistics.format_p(0.0125, samples=1000) == "0.013"
     assert statistics.format_p(None) == "-"
+
+
+def test_the_minimum_detectable_difference_is_detected_four_times_in_five():
+    # Simulated paired t-tests at 5 seeds whose true mean difference is the reported one and whose SD is
+    # the differences': about 80% reject at 0.05, two-sided.
+    differences = [0.010, 0.022, -0.004, 0.015, 0.006]
+    detectable = statistics.minimum_detectable_difference(differences)
+    sd = np.std(differences, ddof=1)
+    draws = np.random.default_rng(0).normal(detectable, sd, size=(20_000, 5))
+    rejected = scipy.stats.ttest_1samp(draws, 0.0, axis=1).pvalue < 0.05
+    assert rejected.mean() == pytest.approx(0.8, abs=0.01)
+    assert statistics.minimum_detectable_difference([0.01]) is None
+    assert statistics.minimum_detectable_difference([0.01, 0.01]) is None
+    # Fewer seeds, a larger detectable difference at the same spread.
+    assert statistics.minimum_detectable_difference(differences[:3]) > detectable
+
+
+def test_resampled_totals_equal_the_gather_exactly():
+    # The bootstrap's multiplicity-and-matrix-product totals are the gathered sums to the bit for integer
+    # counts (so the committed reports' intervals do not move), and the gather itself for other counts.
+    rng = np.random.default_rng(3)
+    seeds, examples = rng.integers(0, 4, (7, 4)), rng.integers(0, 50, (7, 4, 50))
+    integer = rng.integers(0, 5, (4, 50, 3)).astype(float)
+    real = rng.normal(size=(4, 50, 2))
+    totals = statistics._resampled_totals((integer, real[..., :1].round()), seeds, examples)
+    assert np.array_equal(totals[0], integer[seeds[..., None], examples].sum(2))
+    (gathered,) = statistics._resampled_totals((real,), seeds, examples)
+    assert np.array_equal(gathered, real[seeds[..., None], examples].sum(2))

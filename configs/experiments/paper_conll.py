@@ -87,6 +87,9 @@ def test(c: ml_collections.ConfigDict) -> None:
     )
 
 
+# TOST's margin behind any "level" in the docs: at most half the paper's one NER gain (+0.99, token
+# accuracy), in the compared entity F1's units (0.45 point).
+EQUIVALENCE_MARGIN = 0.0045
 PAPER_CONTRAST = "strategy=stack_and_finetune-name=bilstm_crf vs strategy=finetune_only-name=token_mlp"
 
 
@@ -109,6 +112,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # sequence labeling task"), not the entity F1 compared here: so "not found" for every row. Their
     # per-head tables could not be retrieved here (searched 2026-11-24).
     c.paper_results = ""
-    c.equivalence_margin = 0.01  # TOST's margin (entity F1, 1 point) behind any "level" in the docs
+    c.equivalence_margin = EQUIVALENCE_MARGIN
     config_cli.apply_items(c, arg, {"small": small, "test": test})
     return c

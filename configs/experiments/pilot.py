@@ -43,6 +43,7 @@ def conll(c: ml_collections.ConfigDict) -> None:
     c.axes = "strategy=finetune_only|stack_and_finetune; head.name=token_mlp"
     c.num_seeds = 1
     c.metric = "f1"
+    c.equivalence_margin = paper_conll.EQUIVALENCE_MARGIN
 
 
 def yahoo(c: ml_collections.ConfigDict) -> None:
@@ -51,6 +52,7 @@ def yahoo(c: ml_collections.ConfigDict) -> None:
     c.base += ",phase2.num_steps=600,eval_every_steps=50"
     c.axes = "strategy=finetune_only|stack_and_finetune; head.name=cls_mlp|densenet"
     c.ensembles = ""
+    c.equivalence_margin = paper_yahoo.EQUIVALENCE_MARGIN
 
 
 def peft_rate(c: ml_collections.ConfigDict) -> None:
@@ -76,6 +78,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.num_seeds = 1  # one seed: a curve's shape, not a comparison
     c.baseline = "strategy=finetune_only"  # the cell the other strategy is compared with
     c.metric = "accuracy"  # the preset's dev metric (conll: entity F1)
+    # TOST's margin (the preset's task's; one seed has no TOST, but the key binds the same everywhere)
+    c.equivalence_margin = paper_qqp.EQUIVALENCE_MARGIN
     config_cli.apply_items(c, arg, {"qqp": qqp, "conll": conll, "yahoo": yahoo, "peft_rate": peft_rate})
     if not c.base:
         raise ConfigError("configs/experiments/pilot.py: name a task preset, e.g. pilot.py:qqp")

@@ -423,7 +423,8 @@ def with_legacy_keys(plain: Mapping[str, Any]) -> dict[str, Any]:
     """A recorded config (JSON form) with the keys it predates set to what its run did: phases without
     `gap_metric` compared the task's `legacy_gap_metric` (token accuracy on NER, not entity F1); a
     `feature_cache_dir` in a phase block (before it became a run option) is the run's; a config without
-    the `batching` block drew random batches in the doubling buckets (data/batching.py)."""
+    the `batching` block drew random batches in the doubling buckets (data/batching.py); a CoNLL run
+    without `data.entity_f1` read strict IOB2 entity F1 (before conlleval's became the default)."""
     plain = copy.deepcopy(dict(plain))
     plain.setdefault("batching", dict(LEGACY_BATCHING))
     phase_blocks = [plain.get("phase1"), *(plain.get("phases") or [])]
@@ -433,9 +434,12 @@ def with_legacy_keys(plain: Mapping[str, Any]) -> dict[str, Any]:
     if "feature_cache_dir" not in plain and any(folders):
         plain["feature_cache_dir"] = next(f for f in folders if f)
     try:
-        legacy = tasks.get_task(plain["data"]["task"]).legacy_gap_metric
+        task = tasks.get_task(plain["data"]["task"])
     except (KeyError, ValueError):  # no task it names now: resolve says so
         return plain
+    legacy = task.legacy_gap_metric
+    if "entity_f1" in task.data_keys and isinstance(plain["data"], dict):
+        plain["data"].setdefault("entity_f1", "strict")
     blocks = [plain[alias] for alias in ("phase1",) if isinstance(plain.get(alias), dict)]
     blocks += [b for b in plain.get("phases") or [] if isinstance(b, dict)]
     for block in blocks:

@@ -92,6 +92,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.selection_seed = 0  # which examples the selection slice holds (the same for every run seed)
     # Word tagging: fill each window with the neighbouring sentences of the same document (unlabelled).
     c.data.document_context = False
+    # conll2003: the entity F1 a run's rules read (best checkpoint, phase-1 gap `f1`): conlleval | strict
+    c.data.entity_f1 = "conlleval"
     # yahoo_answers: its topics in label order, snake_case names joined by "+" (or "all")
     c.data.classes = "society_culture+science_mathematics"
     c.data.dev_fraction = 0.1  # yahoo_answers without data.dev_file: train share held out as dev

@@ -471,7 +471,7 @@ def _check_rules_apply(spec: RunSpec) -> None:
         if b.max_train_dev_gap is None:
             continue
         alias = b.source.split(" ")[0]  # "config.phase1", "config.phases[0]"
-        metric = b.gap_metric or spec.task.gap_metric
+        metric = spec.task.rule_metric(b.gap_metric or spec.task.gap_metric)
         if metric not in spec.task.metrics:
             raise ConfigError(
                 f"{alias}.gap_metric={metric!r}: data.task={spec.data.task!r} scores "
@@ -494,6 +494,8 @@ def binding_form(spec: RunSpec) -> dict[str, Any]:
         for k, v in raw.items()
         if k not in (*RESULT_NEUTRAL_KEYS, "head", "phase1", "phase2", "unfreezing", "adaptation")
     }
+    if not _reads_entity_f1(spec):  # a run no rule of which reads it binds alike under either value
+        plain["data"] = {k: v for k, v in plain["data"].items() if k != "entity_f1"}
     if spec.adaptation_options:  # only the options of the kinds the phases use
         plain["adaptation"] = {kind: dict(options) for kind, options in spec.adaptation_options.items()}
     for key in RESULT_NEUTRAL_KEYS:
@@ -506,6 +508,23 @@ def binding_form(spec: RunSpec) -> dict[str, Any]:
     else:
         plain.update(_preset_binding(spec))
     return {"config": plain}
+
+
+def task_data_keys(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """The `config.data.*` keys of TASK_DATA_KEYS that config's task reads; () for a task not known."""
+    try:
+        return tasks.get_task(config.data.task).data_keys
+    except (KeyError, ValueError):
+        return ()
+
+
+def _reads_entity_f1(spec: RunSpec) -> bool:
+    """Whether `data.entity_f1` changes what the run does: its best checkpoint, or a gap rule on `f1` or
+    on the task's primary metric (the key picks which entity F1 those are)."""
+    if "entity_f1" not in spec.task.data_keys:
+        return False
+    gap_rules = [b for b in spec.phases if b.max_train_dev_gap is not None]
+    return spec.final_params == "best" or any(b.gap_metric in ("", "f1") for b in gap_rules)
 
 
 def _preset_binding(spec: RunSpec) -> dict[str, Any]:

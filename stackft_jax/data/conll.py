@@ -4,7 +4,7 @@ The original files hold one `token POS chunk NER` line per word (two columns, `t
 too; the tag is the last column), a blank line after each sentence and a `-DOCSTART-` line at the start
 of each document. Their tags are IOB1 (an entity may start with `I-`; `B-` only separates two adjacent
 entities of one type); the Hugging Face `conll2003` dataset uses IOB2 (every entity starts with `B-`).
-Both are read into ONE internal scheme, IOB2, which seqeval's strict mode scores.
+Both are read into ONE internal scheme, IOB2.
 
 Documents are numbered from 0 in file order (sentences before the first `-DOCSTART-` form document 0).
 The Hugging Face rows carry no document boundaries (its loader drops the `-DOCSTART-` lines): their
@@ -12,8 +12,10 @@ sentences get `NO_DOCUMENT`, and document context is unavailable for them.
 
 The task encodes sentences as sub-token windows whose first sub-tokens carry the word labels
 (data/word_pieces.py), trains with the word-tagging objective (objectives.py: the head's per-word
-scores own the loss and decoding), joins split sentences back and scores entities with seqeval in strict
-IOB2 mode (metrics.entity_scores). An example is a sentence; its prediction record holds its tags.
+scores own the loss and decoding), joins split sentences back and scores entities under conlleval's
+convention (`f1`, the primary, as the field reports CoNLL-2003) and strict IOB2 (`strict_f1`) beside it
+(metrics.entity_scores). `data.entity_f1` names the one a run's rules read (best checkpoint, the phase-1
+gap rule's `f1`). An example is a sentence; its prediction record holds its tags.
 
 Inputs to predict (predict.py): CoNLL files, or one sentence per line: whitespace-separated words, or a
 JSON object `{"words": [...], "tags": [...]}` (`tags` optional). A sentence without tags is predicted,
@@ -35,7 +37,7 @@ from stackft_jax.data.task_spec import Split, TaskSpec, hub_rows
 from stackft_jax.data.text_files import decoded_lines, first_line, json_object
 from stackft_jax.data.word_pieces import NO_DOCUMENT
 from stackft_jax.models import objectives
-from stackft_jax.runtime.cli_errors import DataError
+from stackft_jax.runtime.cli_errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -174,9 +176,31 @@ class ConllTask(TaskSpec):
     tags: tuple[str, ...] = TAGS  # IOB2 tag names; the head outputs one score per tag, in this order
     objective: objectives.Objective = objectives.WORD_TAGGING
     # Entity F1 first: it picks the best checkpoint and is what phase 1's train/dev gap compares (the
-    # phase key `gap_metric` may name another). `accuracy` (per word) is the paper's measure.
-    metrics: tuple[str, ...] = ("f1", "precision", "recall", "accuracy")
-    data_keys: tuple[str, ...] = ("document_context",)
+    # phase key `gap_metric` may name another); `data.entity_f1` says which convention (`configure`).
+    # `accuracy` (per word) is the paper's measure.
+    metrics: tuple[str, ...] = ("f1", "strict_f1", "precision", "recall", "accuracy")
+    data_keys: tuple[str, ...] = ("document_context", "entity_f1")
+    entity_f1: str = "conlleval"  # config key data.entity_f1 (metrics.ENTITY_F1)
+    beside_metrics: Mapping[str, tuple[str, ...]] = dataclasses.field(
+        default_factory=lambda: {"f1": ("strict_f1",), "strict_f1": ("f1",)}
+    )
+
+    def configure(self, data_config: Mapping[str, Any]) -> "ConllTask":
+        """`data.entity_f1="strict"` puts strict IOB2 F1 first (the runs recorded before conlleval's
+        became the default read it: config_cli.with_legacy_keys)."""
+        chosen = data_config.get("entity_f1", "conlleval")
+        if chosen not in metrics.ENTITY_F1:
+            raise ConfigError(
+                f"config.data.entity_f1={chosen!r}: choose one of {metrics.ENTITY_F1} (conlleval: an I- "
+                "tag opening an entity counts, as the field reports CoNLL-2003; strict: IOB2 as written)"
+            )
+        first = "f1" if chosen == "conlleval" else "strict_f1"
+        ordered = (first, *(m for m in self.metrics if m != first))
+        return dataclasses.replace(self, metrics=ordered, entity_f1=chosen)
+
+    def rule_metric(self, name: str) -> str:
+        # A rule's `f1` is the run's entity F1: strict IOB2 in runs recorded before conlleval's default.
+        return "strict_f1" if name == "f1" and self.entity_f1 == "strict" else name
 
     @property
     def legacy_gap_metric(self) -> str:

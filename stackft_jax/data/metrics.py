@@ -54,17 +54,24 @@ def compute_metrics(names: Sequence[str], predictions: np.ndarray, labels: np.nd
     return {name: METRICS[name](predictions, labels) for name in names}
 
 
+ENTITY_F1 = ("conlleval", "strict")  # config key data.entity_f1: which entity F1 a run's rules read
+STRICT_PREFIX = "strict_"  # the strict IOB2 scores' names: strict_f1, strict_precision, strict_f1_PER, ...
+
+
 def entity_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> dict[str, float]:
-    """Sequence labelling (IOB2 tag names per sentence): entity-level micro precision, recall and F1 by
-    seqeval in strict IOB2 mode (an entity counts only if its B-/I- tags are well formed and its span
-    and type match exactly), F1 per entity type (`f1_PER`, ...), and token accuracy.
+    """Sequence labelling (IOB2 tag names per sentence): entity-level micro precision, recall and F1 under
+    two conventions, F1 per entity type under each, and token accuracy.
+
+    `f1`, `precision`, `recall`, `f1_PER`, ...: conlleval's convention (seqeval's default mode), the one
+    the field reports CoNLL-2003 in: an `I-` tag that opens an entity (after `O` or another type) starts
+    one. `strict_f1`, `strict_precision`, `strict_recall`, `strict_f1_PER`, ...: seqeval in strict IOB2
+    mode, where such an entity does not count. On well-formed IOB2 sequences (a CRF's constrained decode)
+    the two agree; an unconstrained head's ill-formed `I-` starts score under conlleval only.
 
     Recall and F1 are undefined without gold entities (as `binary_f1` without positives): NaN with a
     warning, overall and for each type the gold tags lack; precision is NaN only when nothing is
     predicted either."""
     from seqeval.metrics import accuracy_score
-    from seqeval.metrics.v1 import precision_recall_fscore_support, unique_labels
-    from seqeval.scheme import IOB2
 
     if [len(s) for s in gold] != [len(s) for s in predicted]:
         raise ValueError("gold and predicted tag sequences differ in number or length")
@@ -77,19 +84,46 @@ def entity_scores(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[st
             "reported as NaN (null in the JSON files)",
             stacklevel=2,
         )
-    kwargs = {"scheme": IOB2, "mode": "strict", "zero_division": 0}
-    nan = float("nan")
-    if any(tag != "O" for sentence in predicted for tag in sentence) or gold_types:
-        precision, recall, f1, _ = precision_recall_fscore_support(gold, predicted, average="micro", **kwargs)
-        per_type = precision_recall_fscore_support(gold, predicted, average=None, **kwargs)[2]
-        for name, value in zip(unique_labels(gold, predicted, IOB2), per_type, strict=True):
-            scores[f"f1_{name}"] = float(value) if name in gold_types else nan
-    else:
-        precision = recall = f1 = nan
-    if not gold_types:
-        recall = f1 = nan
-    scores.update(f1=float(f1), precision=float(precision), recall=float(recall))
+    for prefix, strict in (("", False), (STRICT_PREFIX, True)):
+        scores.update(_entity_prf(gold, predicted, gold_types, strict=strict, prefix=prefix))
     return scores
 
 
-ENTITY_SCORING = "seqeval strict IOB2 (entity-level micro P/R/F1), token accuracy"
+def _entity_prf(
+    gold: list[list[str]], predicted: list[list[str]], gold_types: set[str], *, strict: bool, prefix: str
+) -> dict[str, float]:
+    """Micro P/R/F1 and per-type F1 (names with `prefix`) in seqeval's strict IOB2 or default mode."""
+    from seqeval.metrics import sequence_labeling, v1
+    from seqeval.scheme import IOB2
+
+    nan = float("nan")
+    scores: dict[str, float] = {}
+    if not (any(tag != "O" for sentence in predicted for tag in sentence) or gold_types):
+        return {f"{prefix}f1": nan, f"{prefix}precision": nan, f"{prefix}recall": nan}
+    if strict:
+        kwargs = {"scheme": IOB2, "mode": "strict", "zero_division": 0}
+        precision, recall, f1, _ = v1.precision_recall_fscore_support(
+            gold, predicted, average="micro", **kwargs
+        )
+        per_type = v1.precision_recall_fscore_support(gold, predicted, average=None, **kwargs)[2]
+        names = v1.unique_labels(gold, predicted, IOB2)
+    else:
+        prf = sequence_labeling.precision_recall_fscore_support
+        precision, recall, f1, _ = prf(gold, predicted, average="micro", zero_division=0)
+        per_type = prf(gold, predicted, average=None, zero_division=0)[2]
+        # seqeval orders the types sorted over both sides' entities
+        names = sorted({e[0] for s in (gold, predicted) for e in sequence_labeling.get_entities(s)})
+    for name, value in zip(names, per_type, strict=True):
+        scores[f"{prefix}f1_{name}"] = float(value) if name in gold_types else nan
+    if not gold_types:
+        recall = f1 = nan
+    scores.update(
+        {f"{prefix}f1": float(f1), f"{prefix}precision": float(precision), f"{prefix}recall": float(recall)}
+    )
+    return scores
+
+
+ENTITY_SCORING = (
+    "entity-level micro P/R/F1: conlleval's convention (seqeval default mode; f1, precision, recall, "
+    "f1_<type>) and strict IOB2 (seqeval mode=strict; strict_f1, ...); token accuracy"
+)

@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import logging
 import math
+import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,7 @@ TASK_DATA_KEYS = {
     "dev_fraction": 0.1,
     "truncation": "head",
     "document_context": False,
+    "entity_f1": "conlleval",
 }
 
 
@@ -62,6 +64,9 @@ class TaskSpec(abc.ABC):
     # The task-specific `config.data.*` keys (TASK_DATA_KEYS) this task reads; set to anything but their
     # default, the others are refused (spec.py), not silently ignored.
     data_keys: tuple[str, ...] = ()
+    # Scores a report shows beside its metric, where their convention differs (CoNLL: strict IOB2 F1
+    # beside conlleval's); none by default.
+    beside_metrics: Mapping[str, tuple[str, ...]] = types.MappingProxyType({})
 
     def configure(self, data_config: Mapping[str, Any]) -> "TaskSpec":
         """The task as `config.data` sets it up (a subset of classes, a held-out dev fraction, ...);
@@ -73,6 +78,11 @@ class TaskSpec(abc.ABC):
         """The metric of the phase-1 train/dev gap rule (`max_train_dev_gap`) when the phase's
         `gap_metric` key is empty: the primary one."""
         return self.metrics[0]
+
+    def rule_metric(self, name: str) -> str:
+        """The score a run's rule named `name` reads (the phase-1 gap rule's `gap_metric`): `name`,
+        unless the task's config maps it (CoNLL's `f1` under `data.entity_f1="strict"`)."""
+        return name
 
     @property
     def legacy_gap_metric(self) -> str:

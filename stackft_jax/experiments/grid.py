@@ -181,13 +181,18 @@ def binding_form(record: Mapping) -> dict:
     """What binds a grid workdir (its grid_config.json): the grid's keys, with `base` as the run config it
     resolves to (spec.binding_form) rather than as written, so that a base spelled otherwise (a preset
     that moved into another file, a key written twice) binds alike when it gives every run the same
-    config. A base that no longer resolves (a preset or file gone) is compared as written."""
+    config. A base that no longer resolves (a preset or file gone) is compared as written. A CoNLL base
+    that does not name `data.entity_f1` binds as `strict`, what grids recorded before the key ran
+    (config_cli.with_legacy_keys); a preset names it."""
 
     grid = dict(record["grid"])
     if not grid.get("matched"):  # a grid recorded before the key binds as one without matched cells
         grid.pop("matched", None)
     try:
-        base = spec.resolve(config_cli.load(grid["base"], []), recorded=True)
+        config = config_cli.load(grid["base"], [])
+        if "data.entity_f1" not in grid["base"] and "entity_f1" in spec.task_data_keys(config):
+            config.data.entity_f1 = "strict"
+        base = spec.resolve(config, recorded=True)
     except (ConfigError, ValueError, KeyError, FileNotFoundError, AttributeError):
         return {"grid": grid}
     grid["base"] = spec.binding_form(base)["config"]

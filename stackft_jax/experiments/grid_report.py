@@ -229,16 +229,32 @@ def _runs_by_cell(runs: list[RunResult]) -> dict[tuple, list[RunResult]]:
     return by_cell
 
 
-def cell_statistics(runs: list[RunResult], metric: str) -> list[dict[str, Any]]:
+def beside_metrics(runs: list[RunResult], metric: str) -> tuple[str, ...]:
+    """The scores the report shows beside `metric` (TaskSpec.beside_metrics: CoNLL's strict IOB2 F1
+    beside conlleval's), those the runs recorded."""
+    wanted = runs[0].task.beside_metrics.get(metric, ()) if runs else ()
+    return tuple(m for m in wanted if all(m in r.results["final"].get("dev", {}) for r in runs))
+
+
+def _cell_intervals(members: list[RunResult], split: str, metric: str) -> dict[str, Any] | None:
+    scores = (m.score(split, metric) for m in members)
+    values = [v for v in scores if v is not None and math.isfinite(v)]
+    return _interval(values) if values else None
+
+
+def cell_statistics(runs: list[RunResult], metric: str, beside: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     by_cell = _runs_by_cell(runs)
     cells = []
     for cell, members in by_cell.items():
         entry: dict[str, Any] = {"cell": dict(cell), "name": members[0].run.cell_name, "runs": len(members)}
         for split in ("dev", "test"):
-            scores = (m.score(split, metric) for m in members)
-            values = [v for v in scores if v is not None and math.isfinite(v)]
-            if values:
-                entry[split] = _interval(values)
+            interval = _cell_intervals(members, split, metric)
+            if interval is not None:
+                entry[split] = interval
+            for other in beside:
+                interval = _cell_intervals(members, split, other)
+                if interval is not None:
+                    entry.setdefault("beside", {}).setdefault(other, {})[split] = interval
             by_type = _by_type(members, split, metric)
             if by_type:
                 entry[f"{split}_by_type"] = by_type
@@ -299,12 +315,15 @@ def cost_statistics(runs: list[RunResult], ensembles: list[RunResult]) -> list[d
 BOUNDARY_MEASURES = ("head_param_norm", "dev_ece")
 
 
-def boundary_statistics(runs: list[RunResult], metric: str, floor: float | None) -> list[dict[str, Any]]:
+def boundary_statistics(
+    runs: list[RunResult], metric: str, floor: float | None, beside: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
     """Per cell and frozen-backbone phase, mean and std over seeds of what its boundary recorded
     (boundaries.measure): head parameter norm, dev ECE, dev `metric`, train/dev gap in `metric`; and
     counts of the runs whose phase a rule stopped (`stopped_by_rule`, at its last step too) and whose head
     left the phase with dev `metric` at or below `floor`, the majority class's (`head_at_floor`: a stop
-    rule that fires there fired on noise, not on overfitting)."""
+    rule that fires there fired on noise, not on overfitting). The `beside` metrics' dev score and gap too,
+    where the boundary recorded them (runs from before CoNLL's conlleval F1 recorded strict F1 only)."""
     by_phase: dict[tuple, list[dict]] = collections.defaultdict(list)
     names = {}
     for r in runs:
@@ -314,7 +333,7 @@ def boundary_statistics(runs: list[RunResult], metric: str, floor: float | None)
                     {
                         **phase["boundary"],
                         "steps": phase["steps"],
-                        f"dev_{metric}": phase["boundary"].get("dev", {}).get(metric),
+                        **{f"dev_{m}": phase["boundary"].get("dev", {}).get(m) for m in (metric, *beside)},
                         "stopped_by_rule": phase.get("stop_reason", phases.budget_reason(phase["steps"]))
                         != phases.budget_reason(phase["steps"]),
                     }
@@ -323,7 +342,8 @@ def boundary_statistics(runs: list[RunResult], metric: str, floor: float | None)
     rows = []
     for (cell, phase), boundaries in by_phase.items():
         row: dict[str, Any] = {"cell": dict(cell), "name": names[cell], "phase": phase, "n": len(boundaries)}
-        for measure in (*BOUNDARY_MEASURES, f"dev_{metric}", f"train_dev_gap_{metric}", "steps"):
+        scored = [f"{kind}{m}" for m in (metric, *beside) for kind in ("dev_", "train_dev_gap_")]
+        for measure in (*BOUNDARY_MEASURES, *scored, "steps"):
             values = [b[measure] for b in boundaries if b.get(measure) is not None]
             if values:
                 interval = _interval(values)
@@ -497,31 +517,51 @@ def _compute_ratio(
 
 
 def _split_statistics(
-    ours_runs: list[RunResult], theirs_runs: list[RunResult], split: str, grid: ml_collections.ConfigDict
+    ours_runs: list[RunResult], theirs_runs: list[RunResult], split: str, metric: str, margin: float
 ) -> dict[str, Any] | None:
-    """A comparison's per-seed differences on `split`, their t-interval and two-sided p; None when a
-    run of either side did not score it."""
+    """A comparison's per-seed differences in `metric` on `split`, their t-interval and two-sided p,
+    TOST at `margin` and the smallest difference the t-test detects at 80% power; None when a run of
+    either side did not score it."""
     scores = [
-        (a.score(split, grid.metric), b.score(split, grid.metric))
-        for a, b in zip(ours_runs, theirs_runs, strict=True)
+        (a.score(split, metric), b.score(split, metric)) for a, b in zip(ours_runs, theirs_runs, strict=True)
     ]
     if not scores or any(a is None or b is None for a, b in scores):
         return None
-    differences = [gain_sign(grid.metric) * (a - b) for a, b in scores]
-    return {"per_seed": differences, "mean_difference": statistics.mean(differences),
-            "t_interval": array_statistics.t_interval(differences)}  # fmt: skip
+    differences = [gain_sign(metric) * (a - b) for a, b in scores]
+    return {
+        "per_seed": differences,
+        "mean_difference": statistics.mean(differences),
+        "t_interval": array_statistics.t_interval(differences),
+        "tost": array_statistics.tost(differences, margin),
+        "detectable_at_80_power": array_statistics.minimum_detectable_difference(differences),
+    }
+
+
+def _holm(rows: list[dict[str, Any]], p_of: Any, write: Any) -> None:
+    """Holm over the rows whose p (`p_of(row)`) exists, each corrected p handed to `write(row, p)`."""
+    from statsmodels.stats.multitest import multipletests
+
+    tested = [row for row in rows if p_of(row) is not None]
+    if tested:
+        corrected = multipletests([p_of(row) for row in tested], method="holm")[1]
+        for row, p in zip(tested, corrected, strict=True):
+            write(row, float(p))
 
 
 def comparisons(
-    runs: list[RunResult], grid: ml_collections.ConfigDict, *, aso_iterations: int = ASO_ITERATIONS
+    runs: list[RunResult],
+    grid: ml_collections.ConfigDict,
+    *,
+    aso_iterations: int = ASO_ITERATIONS,
+    beside: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     """The grid's comparisons (cells.comparisons_of: its `comparisons`, by default every cell against its
     baseline cell), paired by seed: the reported metric's per-seed differences, the seed-level
     t-interval and two-sided tests, TOST, a two-level bootstrap (dev; test when both sides scored it),
-    and the compute ratio where training/compute.py gives one. A comparison by or against a cell with
-    a degenerate run is not `valid`."""
-    from statsmodels.stats.multitest import multipletests
-
+    and the compute ratio where training/compute.py gives one; on test, its t-test p Holm-corrected over
+    the table's test rows and TOST, as on dev; each split's smallest difference detectable at 80% power;
+    the `beside` metrics' t-intervals. A comparison by or against a cell with a degenerate run is not
+    `valid`."""
     settings = report_settings(grid)
     samples, margin = settings.bootstrap_samples, settings.equivalence_margin
     by_cell_seed = {(r.run.cell, r.run.seed): r for r in runs}
@@ -557,9 +597,17 @@ def comparisons(
             "degenerate": flagged,
             "valid": not flagged["cell"] and not flagged["baseline"],
             **_seed_tests(ours, theirs, aso_iterations, margin),
+            "detectable_at_80_power": array_statistics.minimum_detectable_difference(differences),
             "bootstrap": _bootstrap(ours_runs, theirs_runs, "dev", grid.metric, samples),
         }
-        test = _split_statistics(ours_runs, theirs_runs, "test", grid)
+        for other in beside:
+            splits = {s: _split_statistics(ours_runs, theirs_runs, s, other, margin) for s in ("dev", "test")}
+            row.setdefault("beside", {})[other] = {
+                s: {"per_seed": found["per_seed"], "t_interval": found["t_interval"]}
+                for s, found in splits.items()
+                if found is not None
+            }
+        test = _split_statistics(ours_runs, theirs_runs, "test", grid.metric, margin)
         if test is not None:
             row["test"] = test
             row["test_mean_difference"] = test["mean_difference"]
@@ -568,12 +616,18 @@ def comparisons(
         if ratio is not None:
             row["compute_ratio"] = ratio
         rows.append(row)
+    _holm(
+        [row["test"] for row in rows if "test" in row],
+        lambda test: test["t_interval"]["p_value"],
+        lambda test, p: test.__setitem__("t_test_p_holm", p),
+    )
     for test in TESTS:
         tested = [row for row in rows if row[f"{test}_p"] is not None]
-        if tested:
-            corrected = multipletests([row[f"{test}_p"] for row in tested], method="holm")[1]
-            for row, p in zip(tested, corrected, strict=True):
-                row[f"{test}_p_holm"] = float(p)
+        _holm(
+            tested,
+            lambda row, test=test: row[f"{test}_p"],
+            lambda row, p, test=test: row.__setitem__(f"{test}_p_holm", p),
+        )
         for row in rows:  # what the test could show at this row's seed count, in this Holm family
             n = len(row["seeds"])
             row.setdefault("smallest_p", {})[test] = array_statistics.smallest_p(test, n)
@@ -605,6 +659,7 @@ def build_report(
     runs = load_runs(grid, workdir)
     ensembles = build_ensembles(grid, workdir)
     majority, floor = majority_floor(runs[0], grid.metric)
+    beside = beside_metrics(runs, grid.metric)
     # Only where runs recorded them: reports of grids from before the record keep their form.
     trained = parameter_statistics(runs)
     matched = matched_budget_statistics(runs)
@@ -633,11 +688,15 @@ def build_report(
             for e in ensembles
         ],
         "final_params": sorted({r.results.get("final_params", "last").split(" ")[0] for r in runs}),
-        "cells": cell_statistics(runs + ensembles, grid.metric),
-        "comparisons": comparisons(runs + ensembles, grid, aso_iterations=aso_iterations),
+        "cells": cell_statistics(runs + ensembles, grid.metric, beside),
+        "comparisons": comparisons(runs + ensembles, grid, aso_iterations=aso_iterations, beside=beside),
+        "beside_metrics": list(beside),
+        **({"rescored_runs": rescored} if (rescored := sum("rescored" in r.results for r in runs)) else {}),
         "statistics": {
             "primary_interval": "seed-level paired t-interval, 95%, two-sided (scipy.stats.ttest_1samp)",
             "tests": "all two-sided",
+            "power": "smallest true difference a two-sided paired t-test at 0.05 detects with 80% power, "
+            "at the row's seeds and per-seed SD (statsmodels TTestPower)",
             **dataclasses.asdict(report_settings(grid)),
         },
         "costs": cost_statistics(runs, ensembles),
@@ -645,7 +704,7 @@ def build_report(
         **({"trained_parameters": trained} if trained else {}),
         **({"matched_budgets": matched} if matched else {}),
         "paper_results": paper_results(grid),
-        "boundaries": boundary_statistics(runs, grid.metric, floor),
+        "boundaries": boundary_statistics(runs, grid.metric, floor, beside),
         "objective": runs[0].task.objective.name,
         "majority_baseline": majority,
         "majority_in_metric": floor,

@@ -18,6 +18,29 @@ TESTS = array_statistics.SEED_TESTS
 ALPHA = 0.05
 
 
+# What a score's name means where a convention decides it (the report says so beside its tables).
+CONVENTIONS = {
+    "f1": "entity F1 under conlleval's convention (seqeval's default mode: an `I-` tag that opens an "
+    "entity counts as its start), the one the field reports CoNLL-2003 in",
+    "strict_f1": "entity F1 under strict IOB2 (seqeval mode=strict: an entity opened by `I-` is no entity)",
+}
+
+
+def conventions_line(report: dict[str, Any], metric: str) -> list[str]:
+    """Which entity F1 each column is, for a tagging report that shows more than one."""
+    names = [metric, *report.get("beside_metrics", [])]
+    if report["objective"] != objectives.WORD_TAGGING.name or len(names) < 2:
+        return []
+    said = "; ".join(f"`{name}`: {CONVENTIONS[name]}" for name in names if name in CONVENTIONS)
+    return [
+        "",
+        f"Metrics: {said}. `{metric}` is the primary (every test, interval and figure); "
+        f"{', '.join(f'`{n}`' for n in names[1:])} beside it, from the same predictions. A CRF decodes "
+        "well-formed IOB2 only, so the two agree for its runs; they differ where an unconstrained head "
+        "opens entities with `I-`.",
+    ]
+
+
 def _fmt(value: float | None, digits: int = 4) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
 
@@ -60,13 +83,26 @@ def _tost_text(tost: dict[str, Any]) -> str:
     return f"{tost['p_value']:.3f} ({verdict})"
 
 
+def _beside_cell_text(c: dict[str, Any], beside: list[str]) -> str:
+    """A cell's `beside` metrics, dev and test mean ± std, as table columns."""
+    shown = []
+    for other in beside:
+        for split in ("dev", "test"):
+            found = c.get("beside", {}).get(other, {}).get(split)
+            shown.append(f" {_fmt(found['mean'])} ± {_fmt(found['std'])} |" if found else " - |")
+    return "".join(shown)
+
+
 def _cell_lines(metric: str, report: dict[str, Any]) -> list[str]:
     compute = {row["name"]: row["compute"] for row in report.get("compute", [])}
     measures = sorted({k for c in compute.values() for k in c})
+    beside = report.get("beside_metrics", [])
+    beside_header = "".join(f" {split} {m} mean ± std |" for m in beside for split in ("dev", "test"))
     lines = [
         f"| cell | dev {metric} mean ± std | 95% CI | min | max | seeds | test {metric} mean ± std "
-        "| test 95% CI | degenerate runs |" + "".join(f" compute: {m} |" for m in measures),
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |" + " --- |" * len(measures),
+        "| test 95% CI | degenerate runs |" + beside_header + "".join(f" compute: {m} |" for m in measures),
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        + " --- |" * (len(measures) + 2 * len(beside)),
     ]
     for c in report["cells"]:
         dev, test = c.get("dev"), c.get("test")
@@ -77,7 +113,9 @@ def _cell_lines(metric: str, report: dict[str, Any]) -> list[str]:
         test_text = f"{_fmt(test['mean'])} ± {_fmt(test['std'])}" if test else "-"
         test_ci = f"[{_fmt(test['ci95_low'])}, {_fmt(test['ci95_high'])}]" if test else "-"
         cell_compute = compute.get(c["name"], {})
-        compute_text = "".join(f" {cell_compute[m]:.4g} |" if m in cell_compute else " - |" for m in measures)
+        compute_text = _beside_cell_text(c, beside) + "".join(
+            f" {cell_compute[m]:.4g} |" if m in cell_compute else " - |" for m in measures
+        )
         if dev is None:
             lines.append(
                 f"| {c['name']} | undefined | - | - | - | 0 | {test_text} | {test_ci} | {flags} |"
@@ -156,10 +194,20 @@ def _comparison_lines(grid: ml_collections.ConfigDict, report: dict[str, Any]) -
         "reached 0. With 3-5 seeds a percentile bootstrap over seeds covers less than its nominal 95%: "
         "read the t-interval first.",
         "",
+        *(
+            [
+                "Test is read as dev is: its t-test p Holm-corrected over the table's "
+                f"{sum('test' in row for row in rows)} test rows, shown `raw (Holm)`, and TOST at the same "
+                "margin.",
+                "",
+            ]
+            if any("test" in row for row in rows)
+            else []
+        ),
         "| cell | vs | valid | per seed | dev mean [95% t-interval] | t-test p | Wilcoxon p | sign-flip p "
-        "| TOST p | ASO eps | bootstrap diff [95% CI] ±MC, p | test mean [95% t-interval], t-test p "
-        "| test bootstrap | compute ratio |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| TOST p | ASO eps | bootstrap diff [95% CI] ±MC, p | test mean [95% t-interval], t-test p (Holm) "
+        "| test TOST p | test bootstrap | compute ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
         per_seed = ", ".join(f"{100 * d:+.2f}" for d in row["per_seed"])
@@ -172,32 +220,96 @@ def _comparison_lines(grid: ml_collections.ConfigDict, report: dict[str, Any]) -
                 f"{side} {_flags_text(flagged, n)}" for side, flagged in row["degenerate"].items() if flagged
             )
         test = row.get("test")
-        test_text = "-"
+        test_text = test_tost = "-"
         if test is not None:
             p = test["t_interval"]["p_value"]
-            test_text = f"{t_text(test['t_interval'])}, {'-' if p is None else f'{p:.3f}'}"
+            p_text = "-" if p is None else f"{p:.3f} ({test['t_test_p_holm']:.3f})"
+            test_text = f"{t_text(test['t_interval'])}, {p_text}"
+            test_tost = _tost_text(test["tost"])
         lines.append(
             f"| {row['name']} | {row['versus']} | {valid} | {per_seed} | {mean} | "
             + " | ".join(_p_text(row, test) for test in TESTS)
             + f" | {_tost_text(row['tost'])} | {_fmt(row['aso_epsilon'], 3)} | "
-            f"{_interval_text(row['bootstrap'])} | {test_text} | "
+            f"{_interval_text(row['bootstrap'])} | {test_text} | {test_tost} | "
             f"{_interval_text(row.get('test_bootstrap'))} | {_ratio_text(row)} |"
         )
     unreachable = _unreachable_lines(rows)
-    return lines + (["", *unreachable] if unreachable else [])
+    return lines + (["", *unreachable] if unreachable else []) + _power_lines(rows) + _beside_lines(report)
+
+
+def _power_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """What the table could detect: per split, the smallest true difference a two-sided paired t-test at
+    0.05 finds with 80% power at each row's seeds and per-seed SD (median and range over the rows)."""
+    found = []
+    for split in ("dev", "test"):
+        values = [
+            (row if split == "dev" else row.get("test", {})).get("detectable_at_80_power")
+            for row in rows
+            if row["valid"]
+        ]
+        values = sorted(v for v in values if v is not None)
+        if values:
+            median = (
+                values[len(values) // 2] if len(values) % 2 else sum(values[len(values) // 2 - 1 :][:2]) / 2
+            )
+            found.append(f"{split} {100 * median:.2f} (rows {100 * values[0]:.2f} to {100 * values[-1]:.2f})")
+    if not found:
+        return []
+    seeds = sorted({len(row["seeds"]) for row in rows})
+    return [
+        "",
+        "Power: the smallest true difference a two-sided paired t-test at 0.05 detects with 80% power, at "
+        f"each valid row's {'/'.join(map(str, seeds))} seeds and its per-seed SD (statsmodels TTestPower), "
+        f"in points x100, median over the table's rows: {'; '.join(found)}. A smaller effect than its "
+        "row's is one this grid would usually miss; a row whose interval holds 0 says nothing about it.",
+    ]
+
+
+def _beside_lines(report: dict[str, Any]) -> list[str]:
+    """The comparisons again in each `beside` metric: per seed and t-interval, dev and test."""
+    lines = []
+    for other in report.get("beside_metrics", []):
+        lines += [
+            "",
+            f"The same comparisons in `{other}` (seed-level t-interval, points x100; the tests above are on "
+            "the primary metric only):",
+            "",
+            f"| cell | vs | dev {other} per seed | dev mean [95% t-interval], p | test {other} per seed "
+            "| test mean [95% t-interval], p |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for row in report["comparisons"]:
+            shown = row.get("beside", {}).get(other, {})
+            cells = []
+            for split in ("dev", "test"):
+                found = shown.get(split)
+                if found is None:
+                    cells += ["-", "-"]
+                    continue
+                p = found["t_interval"]["p_value"]
+                cells += [
+                    ", ".join(f"{100 * d:+.2f}" for d in found["per_seed"]),
+                    f"{t_text(found['t_interval'])}, {'-' if p is None else f'{p:.3f}'}",
+                ]
+            lines.append(f"| {row['name']} | {row['versus']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _paper_lines(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> list[str]:
     gains = report["paper_results"]
+    beside = report.get("beside_metrics", [])
     lines = [
         "Paper layout: the gain that the paper reports for each comparison (grid key `paper_results`, its "
         "source in the grid config; `not found`: the paper gives no number for it) beside the measured "
         f"gain in {grid.metric} points x100, mean over seeds [95% seed-level t-interval]. The paper's own "
-        "contrasts (`comparisons` named in the grid config) come first.",
+        "contrasts (`comparisons` named in the grid config) come first. The seed-level interval is "
+        "conditional on the test items; beside it, the two-level bootstrap (seeds, then test items) also "
+        "covers their sampling.",
         "",
         "| cell | vs | paper gain | measured gain, dev [95% t-interval] | measured gain, test [95% "
-        "t-interval] | valid |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "t-interval] | test, two-level bootstrap [95%] | valid |"
+        + "".join(f" {other}: dev, test [95% t-interval] |" for other in beside),
+        "| --- | --- | --- | --- | --- | --- | --- |" + " --- |" * len(beside),
     ]
     rows = sorted(report["comparisons"], key=lambda row: not row["configured"])
     for row in rows:
@@ -207,9 +319,19 @@ def _paper_lines(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> lis
             paper_text = f"{paper['gain']:+.2f}" + (f" ({paper['note']})" if paper["note"] else "")
         test = row.get("test")
         test_text = "-" if test is None else t_text(test["t_interval"])
+        beside_text = "".join(
+            " "
+            + ", ".join(
+                t_text(row.get("beside", {}).get(other, {}).get(s, {}).get("t_interval"))
+                for s in ("dev", "test")
+            )
+            + " |"
+            for other in beside
+        )
         lines.append(
             f"| {row['name']} | {row['versus']} | {paper_text} | {t_text(row['t_interval'])} | {test_text} | "
-            f"{'yes' if row['valid'] else 'no'} |"
+            f"{_interval_text(row.get('test_bootstrap'), with_p=False)} | {'yes' if row['valid'] else 'no'} |"
+            + beside_text
         )
     return lines
 
@@ -318,6 +440,7 @@ def render(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
         f"parameters each run's `final_params` names ({', '.join(sorted(report['final_params']))}).",
         "",
         *_cell_lines(metric, report),
+        *conventions_line(report, metric),
         *_by_type_lines(metric, report),
     ]
     if report["ensembles"]:
@@ -359,6 +482,8 @@ def render(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
     lines += _reuse_lines(report)
     if report["boundaries"]:
         floor, gap = report["majority_in_metric"], f"train_dev_gap_{metric}"
+        beside = report.get("beside_metrics", [])
+        scored = [f"{kind}{m}" for m in beside for kind in ("dev_", "train_dev_gap_")]
         lines += [
             "",
             "At the end of each frozen-backbone phase (mean ± std over seeds): its steps; how many of the "
@@ -367,22 +492,37 @@ def render(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
             f"dev {metric}, and how many runs ended the phase with it at or below always predicting the "
             f"majority label ({_fmt(floor)}): a head that has not learned the task is not overfitting, so "
             "a gap rule that stopped it there fired on the noise of its train subset; the head's parameter "
-            f"norm, dev expected calibration error, and train-subset minus dev {metric}.",
+            f"norm, dev expected calibration error, and train-subset minus dev {metric}"
+            + (
+                f"; and dev and train - dev in {', '.join(beside)}: each as the run recorded it at the "
+                "boundary (`-`: not recorded; runs from before conlleval's F1 recorded strict F1 only)."
+                if beside
+                else "."
+            ),
             "",
             f"| cell | phase | steps | stopped by a rule | dev {metric} | at or below majority | head norm "
-            f"| dev ECE | train - dev {metric} |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            f"| dev ECE | train - dev {metric} |"
+            + "".join(
+                f" {m.replace('train_dev_gap_', 'train - dev ').replace('dev_', 'dev ', 1)} |" for m in scored
+            ),
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |" + " --- |" * len(scored),
         ]
         for row in report["boundaries"]:
             shown = {
                 m: f"{_fmt(row[m]['mean'], 3)} ± {_fmt(row[m]['std'], 3)}" if m in row else "-"
-                for m in ("steps", f"dev_{metric}", "head_param_norm", "dev_ece", gap)
+                for m in ("steps", f"dev_{metric}", "head_param_norm", "dev_ece", gap, *scored)
             }
             at_floor = "-" if row["head_at_floor"] is None else f"{row['head_at_floor']}/{row['n']}"
             lines.append(
                 f"| {row['name']} | {row['phase']} | {shown['steps']} | {row['stopped_by_rule']}/{row['n']} "
                 f"| {shown[f'dev_{metric}']} | {at_floor} | {shown['head_param_norm']} | {shown['dev_ece']} "
-                f"| {shown[gap]} |"
+                f"| {shown[gap]} |" + "".join(f" {shown[m]} |" for m in scored)
             )
     lines += ["", "Figures: `figures/metric_by_cell.png`, `figures/dev_curves.png` (seed 0)."]
+    if report.get("rescored_runs"):
+        lines[-1] += (
+            f" {report['rescored_runs']} runs were rescored from their prediction files after they ran "
+            "(results.json `rescored`): their final scores are as the tables show; their dev curves and "
+            "boundary scores are as logged during training, strict IOB2 entity F1."
+        )
     return "\n".join(lines) + "\n"

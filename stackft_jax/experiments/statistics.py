@@ -5,8 +5,8 @@ paired bootstrap with its Monte-Carlo error, an exact two-sided sign-flip test o
 test's smallest p. Every test is two-sided.
 
 Per-example counts make every resample a sum: a metric is a function of count totals (accuracy: correct
-and total; binary F1: true positives, predicted and gold positives; strict entity F1: the same per
-sentence, from seqeval's own entity extraction; Pearson r: its sufficient sums). So the bootstrap
+and total; binary F1: true positives, predicted and gold positives; entity F1, conlleval's or strict IOB2:
+the same per sentence, from seqeval's own entity extraction; Pearson r: its sufficient sums). So the bootstrap
 recomputes the metric the table reports, not a proxy, and stays vectorised numpy.
 """
 
@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 import scipy.stats
+
+from stackft_jax.data.metrics import STRICT_PREFIX
 
 # Measured on the committed QQP grid (stack-and-finetune vs finetune-only cls_mlp, 5 seeds x 3,000 pairs;
 # tests/test_statistics.py::test_bootstrap_endpoints_are_stable_to_a_tenth_of_a_point): at 1,000
@@ -73,19 +75,32 @@ def _macro_f1(num_classes: int) -> Callable[[np.ndarray], np.ndarray]:
     return metric
 
 
-def entity_counts(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]) -> dict[str, np.ndarray]:
-    """Per sentence [sentences, 3]: (exactly matched, predicted, gold) entities under seqeval's strict IOB2
-    extraction, overall ("") and per entity type; their totals give metrics.entity_scores' F1."""
+def entity_counts(
+    gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]], *, strict: bool = False
+) -> dict[str, np.ndarray]:
+    """Per sentence [sentences, 3]: (exactly matched, predicted, gold) entities, overall ("") and per
+    entity type, under conlleval's extraction (seqeval's default mode: an `I-` tag opening an entity
+    counts) or, `strict`, seqeval's strict IOB2 extraction; their totals give metrics.entity_scores' F1
+    (`f1` and `strict_f1`)."""
+    from seqeval.metrics.sequence_labeling import get_entities
     from seqeval.scheme import IOB2, Entities
 
-    gold_entities = Entities([list(s) for s in gold], IOB2).entities
-    predicted_entities = Entities([list(s) for s in predicted], IOB2).entities
-    types = sorted({e.tag for sentence in gold_entities + predicted_entities for e in sentence})
+    if strict:
+        gold_entities = [
+            [e.to_tuple()[1:] for e in s] for s in Entities([list(s) for s in gold], IOB2).entities
+        ]
+        predicted_entities = [
+            [e.to_tuple()[1:] for e in s] for s in Entities([list(s) for s in predicted], IOB2).entities
+        ]
+    else:  # (type, start, end) per sentence
+        gold_entities = [get_entities(list(s)) for s in gold]
+        predicted_entities = [get_entities(list(s)) for s in predicted]
+    types = sorted({e[0] for sentence in gold_entities + predicted_entities for e in sentence})
     counts = {t: np.zeros((len(gold), 3)) for t in ["", *types]}
     for i, (g, p) in enumerate(zip(gold_entities, predicted_entities, strict=True)):
-        g, p = {e.to_tuple() for e in g}, {e.to_tuple() for e in p}
+        g, p = set(g), set(p)
         for t in counts:
-            gt, pt = ({e for e in s if not t or e[1] == t} for s in (g, p))
+            gt, pt = ({e for e in s if not t or e[0] == t} for s in (g, p))
             counts[t][i] = (len(gt & pt), len(pt), len(gt))
     return counts
 
@@ -100,13 +115,16 @@ def example_counts(records: Sequence[Mapping[str, Any]], metric: str, *, tagging
             counts = [[sum(p == g for p, g in zip(r["prediction"], r["label"], strict=True)), len(r["label"])]
                       for r in records]  # fmt: skip
             return Counts(np.asarray(counts, float), lambda t: _ratio(t[..., 0], t[..., 1]))
-        if metric in ("f1", "precision", "recall") or metric.startswith("f1_"):
-            entity_type = metric[3:] if metric.startswith("f1_") else ""
-            by_type = entity_counts([r["label"] for r in records], [r["prediction"] for r in records])
+        strict = metric.startswith(STRICT_PREFIX)
+        name = metric.removeprefix(STRICT_PREFIX)
+        if name in ("f1", "precision", "recall") or name.startswith("f1_"):
+            entity_type = name[3:] if name.startswith("f1_") else ""
+            gold, predicted = [r["label"] for r in records], [r["prediction"] for r in records]
+            by_type = entity_counts(gold, predicted, strict=strict)
             counts = by_type.get(entity_type, np.zeros((len(records), 3)))
-            if metric == "precision":
+            if name == "precision":
                 return Counts(counts, lambda t: _ratio(t[..., 0], t[..., 1]))
-            if metric == "recall":
+            if name == "recall":
                 return Counts(counts, lambda t: _ratio(t[..., 0], t[..., 2]))
             return Counts(counts, _f1)
         return None
@@ -132,6 +150,32 @@ def example_counts(records: Sequence[Mapping[str, Any]], metric: str, *, tagging
 
 def metric_of(counts: Counts) -> float:
     return float(counts.metric(counts.counts.sum(0)))
+
+
+def _resampled_totals(
+    sides: tuple[np.ndarray, ...], seeds: np.ndarray, examples: np.ndarray
+) -> list[np.ndarray]:
+    """Each side's counts [seeds, examples, k] summed over each resample's examples of its resampled
+    seeds: [resamples, seeds, k], as `counts[seeds[..., None], examples].sum(2)`. Integer counts (every
+    metric but Pearson's sums) go through each example's multiplicity, shared by the sides, and one
+    matrix product per seed: the same totals, exactly (integer sums in float64), several times faster
+    than gathering [resamples, seeds, examples, k]."""
+    if not all(np.array_equal(counts, np.round(counts)) for counts in sides):
+        return [counts[seeds[..., None], examples].sum(2) for counts in sides]
+    size, num_seeds = seeds.shape
+    num_examples = sides[0].shape[1]
+    offsets = np.arange(size * num_seeds)[:, None] * num_examples
+    multiplicity = np.bincount((offsets + examples.reshape(size * num_seeds, -1)).ravel(),
+                               minlength=size * num_seeds * num_examples)  # fmt: skip
+    multiplicity = multiplicity.reshape(size * num_seeds, num_examples).astype(float)
+    by_source = [(source, seeds.ravel() == source) for source in range(sides[0].shape[0])]
+    totals = []
+    for counts in sides:
+        summed = np.empty((size * num_seeds, counts.shape[2]))
+        for source, rows in by_source:
+            summed[rows] = multiplicity[rows] @ counts[source]
+        totals.append(summed.reshape(size, num_seeds, -1))
+    return totals
 
 
 def two_level_bootstrap(
@@ -160,8 +204,7 @@ def two_level_bootstrap(
             size = min(chunk, count - start)
             seeds = rng.integers(0, num_seeds, size=(size, num_seeds))
             examples = rng.integers(0, num_examples, size=(size, num_seeds, num_examples))
-            ours = cell[seeds[..., None], examples].sum(2)  # [size, seeds, k]
-            theirs = baseline[seeds[..., None], examples].sum(2)
+            ours, theirs = _resampled_totals((cell, baseline), seeds, examples)  # [size, seeds, k] each
             differences.append(np.nanmean(metric(ours) - metric(theirs), axis=1))
 
     def endpoint_error(resampled: np.ndarray) -> float:
@@ -226,6 +269,21 @@ def tost(differences: Sequence[float], margin: float) -> dict[str, float | bool 
         return {"margin": margin, "p_value": None, "equivalent": None}
     p = float(ttost_paired(d, np.zeros_like(d), -margin, margin)[0])
     return {"margin": margin, "p_value": p, "equivalent": p < 0.05}
+
+
+def minimum_detectable_difference(
+    differences: Sequence[float], *, alpha: float = 0.05, power: float = 0.8
+) -> float | None:
+    """The smallest true mean difference a two-sided paired t-test at `alpha` detects with probability
+    `power`, at these differences' seed count and standard deviation (statsmodels' TTestPower, the
+    noncentral t): what a table of n seeds could have shown. None under two seeds or with no spread."""
+    from statsmodels.stats.power import TTestPower
+
+    d = np.asarray(differences, float)
+    if len(d) < 2 or np.ptp(d) == 0:
+        return None
+    effect = TTestPower().solve_power(nobs=len(d), alpha=alpha, power=power, alternative="two-sided")
+    return float(effect * d.std(ddof=1))
 
 
 def sign_flip_test(differences: Sequence[float], alternative: str = "two-sided") -> float:

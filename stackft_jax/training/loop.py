@@ -188,7 +188,7 @@ def gap_examples(run_spec: RunSpec, phase: phases.Phase) -> int:
 
 def gap_metric_of(ctx: Context, phase: phases.Phase) -> str:
     """The metric `phase`'s train/dev gap rule compares: its own `gap_metric`, else the task's."""
-    return phase.gap_metric or ctx.task.gap_metric
+    return ctx.task.rule_metric(phase.gap_metric or ctx.task.gap_metric)
 
 
 def feature_caches(ctx: Context, phase: phases.Phase, params) -> dict[str, feature_cache.FeatureCache]:

@@ -4,6 +4,7 @@ splits' scores with their degenerate-model flags and optional temperature calibr
 results.json document they go into."""
 
 import dataclasses
+import json
 import logging
 import os
 from pathlib import Path
@@ -13,10 +14,10 @@ import jax
 import jaxlib
 
 from stackft_jax.config.spec import RunSpec
-from stackft_jax.data import task_spec
+from stackft_jax.data import metrics, task_spec
 from stackft_jax.runtime import sharding, timing
-from stackft_jax.training import calibration, checkpointing, degenerate, evaluation
-from stackft_jax.training.run_report import RunReport
+from stackft_jax.training import calibration, checkpointing, degenerate, evaluation, prediction_files
+from stackft_jax.training.run_report import RunReport, json_safe
 
 log = logging.getLogger(__name__)
 
@@ -179,3 +180,55 @@ def results(
     if final.calibration is not None:
         document["calibration"] = final.calibration
     return document
+
+
+def _strict_names(scores: dict[str, Any]) -> dict[str, Any]:
+    """A score dict recorded before conlleval's entity F1, its entity scores renamed to what they were
+    (`f1` -> `strict_f1`, `train_dev_gap_f1` -> `train_dev_gap_strict_f1`, ...)."""
+    renamed = {}
+    for key, value in scores.items():
+        prefix = "train_dev_gap_" if key.startswith("train_dev_gap_") else ""
+        name = key.removeprefix(prefix)
+        entity = name in ("f1", "precision", "recall") or name.startswith("f1_")
+        renamed[f"{prefix}{metrics.STRICT_PREFIX}{name}" if entity else key] = (
+            _strict_names(value) if isinstance(value, dict) else value
+        )
+    return renamed
+
+
+def rescore_entity_scores(workdir: Path) -> bool:
+    """Rescores a finished tagging run recorded before conlleval's entity F1 (its config without
+    `data.entity_f1`) from its own prediction files, no retraining: `final` gets both entity F1s
+    (metrics.entity_scores; its recorded loss kept) and its degenerate flags again; the scores recorded
+    during training (`best`, each phase's `best` and `boundary`), strict IOB2 then and never saved as
+    predictions, keep their values under their strict names. Returns whether results.json changed
+    (False: not a tagging run, or already rescored)."""
+    file = Path(workdir) / "results.json"
+    results = json.loads(file.read_text())
+    if results["task"]["objective"] != "word_tagging" or "entity_f1" in results["config"]["data"]:
+        return False
+    if any(metrics.STRICT_PREFIX + "f1" in scores for scores in results["final"].values()):
+        return False
+    for split, recorded in results["final"].items():
+        records = list(prediction_files.read(prediction_files.path(workdir, split)).values())
+        scores = metrics.entity_scores([r["label"] for r in records], [r["prediction"] for r in records])
+        results["final"][split] = {**scores, "loss": recorded["loss"]}
+        results["degenerate"][split] = degenerate.flags(records, results["final"][split], "word_tagging")
+    results["best"] = _strict_names(results["best"])
+    if results["best"].get("metric") in ("f1", "precision", "recall"):
+        results["best"]["metric"] = metrics.STRICT_PREFIX + results["best"]["metric"]
+    for phase in results["phases"]:
+        for key in ("best", "boundary"):
+            if key in phase:
+                phase[key] = _strict_names(phase[key])
+                if phase[key].get("metric") in ("f1", "precision", "recall"):
+                    phase[key]["metric"] = metrics.STRICT_PREFIX + phase[key]["metric"]
+    results["task"]["scoring"] = metrics.ENTITY_SCORING
+    results["rescored"] = (
+        "final: both entity F1s from predictions/ (training/scoring.rescore_entity_scores); best, "
+        "phases' best and boundary: strict IOB2 as recorded during training (the run read strict F1)"
+    )
+    tmp = file.with_name("results.json.tmp")
+    tmp.write_text(json.dumps(json_safe(results), indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, file)
+    return True
