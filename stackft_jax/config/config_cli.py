@@ -283,8 +283,12 @@ def _recorded_block(plain: Mapping[str, Any]) -> ml_collections.ConfigDict:
 def with_legacy_keys(plain: Mapping[str, Any]) -> dict[str, Any]:
     """A recorded config (JSON form) with the keys it predates set to what its run did: phases without
     `gap_metric` compared the task's `legacy_gap_metric` (token accuracy on NER, not entity F1); a
-    `feature_cache_dir` in a phase block (before it became a run option) is the run's."""
+    `feature_cache_dir` in a phase block (before it became a run option) is the run's; a model without
+    `attention` ran the einsum path, without `remat` kept every activation (every record has `dtype`)."""
     plain = copy.deepcopy(dict(plain))
+    if isinstance(plain.get("model"), dict):  # runs before model.attention / model.remat: einsum, no remat
+        plain["model"].setdefault("attention", "einsum")
+        plain["model"].setdefault("remat", "none")
     phase_blocks = [plain.get("phase1"), *(plain.get("phases") or [])]
     folders = [
         b.pop("feature_cache_dir") for b in phase_blocks if isinstance(b, dict) and "feature_cache_dir" in b
