@@ -15,6 +15,11 @@ stays). That is a different model in training, so it is a recorded choice: spec.
 resolved name into the run's config (config.json, results.json), and a recorded config without
 `model.attention` reads as `einsum` (config_cli.with_legacy_keys), the path it ran.
 
+**float32 products in a bfloat16 step.** The einsum path has none (`scores_f32`). dot_product's XLA
+form (jax.nn's own code: CPU, TPU without splash) computes the score gradient's two products (dQ, dK)
+from a float32 cotangent and half-precision operands: `XLA_DOT_PRODUCT_F32_DOTS` per layer. On GPU in
+half precision cuDNN's kernel runs instead, with no XLA product at all.
+
 Padding is passed as key lengths (`attention_mask` is a prefix of ones: data/batching.py), so padded
 query rows attend to the real keys on every path but splash (where padding attends to padding); their
 outputs are masked downstream either way. A row with no real token keeps one key (length 1), so no
@@ -37,6 +42,8 @@ ATTENTIONS = ("auto", "einsum", "dot_product", "splash")
 # Pallas splash attention tiles the sequence in blocks of 128 (TPU lanes); a shorter length bucket
 # runs dot_product's XLA form instead (the same attention without dropout).
 SPLASH_BLOCK = 128
+# Products with a float32 operand per layer in a half-precision step of dot_product's XLA form (above).
+XLA_DOT_PRODUCT_F32_DOTS = 2
 
 
 def splash_available() -> bool:
