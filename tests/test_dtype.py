@@ -165,7 +165,9 @@ def test_bfloat16_follows_its_float32_twin_for_50_steps():
     "platform, dtype, attention_path",
     [("cpu", "float32", "einsum"), ("gpu", "bfloat16", "dot_product"), ("tpu", "bfloat16", "einsum")],
 )
-def test_auto_resolves_for_the_platform_and_is_recorded_resolved(monkeypatch, platform, dtype, attention_path):
+def test_auto_resolves_for_the_platform_and_is_recorded_resolved(
+    monkeypatch, platform, dtype, attention_path
+):
     """On TPU, auto picks splash only on a single chip; the tests have 8 virtual devices."""
     monkeypatch.setattr(spec, "_platform", lambda: platform)
     run_spec = spec.resolve(tiny.get_config())
@@ -200,13 +202,17 @@ def test_records_older_than_auto_read_as_what_they_ran():
     "key, value, message",
     [
         ("dtype", "float16", "config.model.dtype='float16': choose auto or float32 or bfloat16"),
-        ("attention", "flash", "config.model.attention='flash': choose auto or einsum or dot_product or splash"),
+        (
+            "attention",
+            "flash",
+            "config.model.attention='flash': choose auto or einsum or dot_product or splash",
+        ),
         ("remat", "some", "config.model.remat='some': choose none or dots_saveable or full"),
         (
             "attention",
             "splash",
-            "config.model.attention='splash' is a TPU kernel and this platform is cpu: choose auto, einsum or "
-            "dot_product",
+            "config.model.attention='splash' is a TPU kernel and this platform is cpu: choose auto, einsum "
+            "or dot_product",
         ),
     ],
 )

@@ -51,6 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from stackft_jax.models import attention
 from stackft_jax.models.adaptation.adapters import Adapter
@@ -435,10 +436,14 @@ def _sinusoids(num_positions: int, width: int) -> jax.Array:
 
 # model.remat: what an encoder layer keeps for the backward pass. none: everything (fastest, most memory);
 # dots_saveable: the matrix products without batch dimensions (the projections and feed-forward), the
-# rest (attention scores, softmax, GELU, LayerNorm, dropout) recomputed; full: only the layer's input.
+# rest (attention scores and context, softmax, GELU, LayerNorm, dropout) recomputed; full: only the
+# layer's input.
+# The projections' products are `Dense.matmul` custom_vjp calls, which jax's dots_* policies do not see:
+# they are saved by name (`_project` names them).
+_PROJECTION = "projection"
 REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
     "none": None,
-    "dots_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "dots_saveable": jax.checkpoint_policies.save_only_these_names(_PROJECTION),
     "full": jax.checkpoint_policies.nothing_saveable,
 }
 
@@ -579,8 +584,8 @@ def _projection(
 def _project(linear: Dense, x: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None) -> jax.Array:
     # A LoRA projection drops its branch's input in training; a plain one is called as it always was.
     if isinstance(linear, LoraDense):
-        return linear(x, deterministic=deterministic, rngs=rngs)
-    return linear(x)
+        return checkpoint_name(linear(x, deterministic=deterministic, rngs=rngs), _PROJECTION)
+    return checkpoint_name(linear(x), _PROJECTION)
 
 
 def _layer_norm(
