@@ -198,6 +198,19 @@ def test_records_older_than_auto_read_as_what_they_ran():
     assert spec.recorded_binding_form(old, current.raw) == spec.binding_form(current)
 
 
+def test_resuming_an_older_record_under_auto_on_gpu_is_a_listed_difference(monkeypatch):
+    """Not a silent switch to bfloat16 and the fused path: the binding differs in exactly those keys."""
+    old = config_cli.to_plain(tiny.get_config())
+    old["model"]["dtype"] = "float32"
+    del old["model"]["attention"], old["model"]["remat"]
+    monkeypatch.setattr(spec, "_platform", lambda: "gpu")
+    current = spec.resolve(tiny.get_config())
+    recorded = spec.recorded_binding_form(old, current.raw)["config"]["model"]
+    now = spec.binding_form(current)["config"]["model"]
+    assert {k for k in now if recorded[k] != now[k]} == {"dtype", "attention"}
+    assert (recorded["dtype"], recorded["attention"]) == ("float32", "einsum")
+
+
 @pytest.mark.parametrize(
     "key, value, message",
     [
