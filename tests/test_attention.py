@@ -146,19 +146,23 @@ def test_remat_recomputes_in_the_backward_pass():
 
 
 @pytest.mark.parametrize(
-    "name, platform, dtype, devices, resolved",
+    "name, platform, dtype, devices, capability, resolved",
     [
-        ("auto", "cpu", "float32", 1, "einsum"),
-        ("auto", "gpu", "bfloat16", 1, "dot_product"),  # cuDNN
-        ("auto", "gpu", "float32", 1, "einsum"),  # cuDNN's kernel needs half precision
-        ("auto", "tpu", "bfloat16", 1, "splash"),
-        ("auto", "tpu", "bfloat16", 8, "einsum"),  # splash has no partitioning rule
-        ("dot_product", "cpu", "float32", 1, "dot_product"),
-        ("splash", "tpu", "bfloat16", 8, "splash"),
+        ("auto", "cpu", "float32", 1, None, "einsum"),
+        ("auto", "gpu", "bfloat16", 1, 9.0, "dot_product"),  # cuDNN
+        ("auto", "gpu", "float32", 1, 9.0, "einsum"),  # cuDNN's kernel needs half precision
+        ("auto", "gpu", "bfloat16", 1, 7.5, "einsum"),  # and an Ampere or later GPU
+        ("auto", "tpu", "bfloat16", 1, None, "splash"),
+        ("auto", "tpu", "bfloat16", 8, None, "einsum"),  # splash has no partitioning rule
+        ("dot_product", "cpu", "float32", 1, None, "dot_product"),
+        ("splash", "tpu", "bfloat16", 8, None, "splash"),
     ],
 )
-def test_auto_picks_the_platforms_fused_kernel(name, platform, dtype, devices, resolved):
-    assert attention.resolve_attention(name, platform=platform, dtype=dtype, num_devices=devices) == resolved
+def test_auto_picks_the_platforms_fused_kernel(name, platform, dtype, devices, capability, resolved):
+    chosen = attention.resolve_attention(
+        name, platform=platform, dtype=dtype, num_devices=devices, gpu_capability=capability
+    )
+    assert chosen == resolved
 
 
 @pytest.mark.parametrize("platform", ["cpu", "gpu"])

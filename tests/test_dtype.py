@@ -168,8 +168,8 @@ def test_bfloat16_follows_its_float32_twin_for_50_steps():
 def test_auto_resolves_for_the_platform_and_is_recorded_resolved(
     monkeypatch, platform, dtype, attention_path
 ):
-    """On TPU, auto picks splash only on a single chip; the tests have 8 virtual devices."""
-    monkeypatch.setattr(spec, "_platform", lambda: platform)
+    """An H100 (compute capability 9.0); 8 TPU chips, on which auto picks einsum (splash on one)."""
+    monkeypatch.setattr(spec, "_device", lambda: (platform, 9.0 if platform == "gpu" else None, 8))
     run_spec = spec.resolve(tiny.get_config())
     assert (run_spec.model.dtype, run_spec.model.attention) == (dtype, attention_path)
     # run_spec.raw is what config.json and results.json's `config` hold.
@@ -179,9 +179,9 @@ def test_auto_resolves_for_the_platform_and_is_recorded_resolved(
 
 
 def test_a_recorded_dtype_is_kept_on_any_platform(monkeypatch):
-    monkeypatch.setattr(spec, "_platform", lambda: "gpu")
+    monkeypatch.setattr(spec, "_device", lambda: ("gpu", 9.0, 1))
     recorded = spec.resolve(tiny.get_config()).raw  # a GPU run's record: bfloat16, dot_product
-    monkeypatch.setattr(spec, "_platform", lambda: "cpu")
+    monkeypatch.setattr(spec, "_device", lambda: ("cpu", None, 8))
     rerun = spec.resolve(spec.config_from_plain(recorded), recorded=True)
     assert (rerun.model.dtype, rerun.model.attention) == ("bfloat16", "dot_product")
 
@@ -203,7 +203,7 @@ def test_resuming_an_older_record_under_auto_on_gpu_is_a_listed_difference(monke
     old = config_cli.to_plain(tiny.get_config())
     old["model"]["dtype"] = "float32"
     del old["model"]["attention"], old["model"]["remat"]
-    monkeypatch.setattr(spec, "_platform", lambda: "gpu")
+    monkeypatch.setattr(spec, "_device", lambda: ("gpu", 9.0, 1))
     current = spec.resolve(tiny.get_config())
     recorded = spec.recorded_binding_form(old, current.raw)["config"]["model"]
     now = spec.binding_form(current)["config"]["model"]

@@ -228,24 +228,26 @@ def resolve_compute(model: ml_collections.ConfigDict | ModelSpec) -> tuple[str, 
     _choice("model.dtype", model.dtype, MODEL_DTYPES)
     _choice("model.remat", model.remat, tuple(bert.REMAT_POLICIES))
     _choice("model.attention", model.attention, attention.ATTENTIONS)
-    platform = _platform() if "auto" in (model.dtype, model.attention) or model.attention == "splash" else ""
+    asks_device = "auto" in (model.dtype, model.attention) or model.attention == "splash"
+    platform, gpu_capability, num_devices = _device() if asks_device else ("", None, 1)
     dtype = model.dtype
     if dtype == "auto":
         dtype = "bfloat16" if platform in ("gpu", "tpu") else "float32"
     resolved = model.attention
     if resolved in ("auto", "splash"):
-        import jax  # the platform was asked above
-
         resolved = attention.resolve_attention(
-            resolved, platform=platform, dtype=dtype, num_devices=jax.device_count()
+            resolved, platform=platform, dtype=dtype, num_devices=num_devices, gpu_capability=gpu_capability
         )
     return dtype, resolved, model.remat
 
 
-def _platform() -> str:
-    import jax  # starts the backend: only when "auto" or a platform's kernel asks for it
+def _device() -> tuple[str, float | None, int]:
+    """jax's platform (cpu, gpu, tpu), the CUDA compute capability of a GPU (else None) and the device
+    count. Starts the backend: asked only when "auto" or a platform's kernel needs it."""
+    import jax
 
-    return jax.default_backend()
+    capability = getattr(jax.devices()[0], "compute_capability", None)  # CUDA devices: "9.0"
+    return jax.default_backend(), float(capability) if capability else None, jax.device_count()
 
 
 def _with_model(raw: dict[str, Any], **resolved: str) -> dict[str, Any]:

@@ -6,8 +6,8 @@
     dot_product  jax.nn.dot_product_attention: cuDNN's fused kernel on GPU in bfloat16 / float16
                  (implementation="cudnn"), XLA's unfused form elsewhere and in float32
     splash       Pallas splash attention (jax.experimental.pallas.ops.tpu), TPU only
-    auto         the fused kernel where the platform has one: dot_product (cuDNN) on GPU in half
-                 precision, splash on a single TPU chip, einsum everywhere else
+    auto         the fused kernel where the platform has one: dot_product (cuDNN) on an Ampere or
+                 later GPU in half precision, splash on a single TPU chip, einsum everywhere else
 
 **Attention dropout.** The fused APIs have no dropout on the attention probabilities, so `dot_product`
 and `splash` apply none (BERT's `attention_probs_dropout_prob` is then unused; the hidden dropout
@@ -54,10 +54,17 @@ def splash_available() -> bool:
     return True
 
 
-def resolve_attention(name: str, *, platform: str, dtype: str, num_devices: int = 1) -> str:
+# cuDNN's fused attention (flash attention) needs an Ampere or later GPU.
+CUDNN_MIN_CAPABILITY = 8.0
+
+
+def resolve_attention(
+    name: str, *, platform: str, dtype: str, num_devices: int = 1, gpu_capability: float | None = None
+) -> str:
     """The attention path `model.attention`=`name` runs on `platform` (jax's: cpu, gpu, tpu) with
-    compute `dtype` over `num_devices` devices; ConfigError (one line naming the key and the allowed
-    values) for an unknown name or a kernel the platform lacks."""
+    compute `dtype` over `num_devices` devices (`gpu_capability`: the CUDA compute capability, None when
+    unknown); ConfigError (one line naming the key and the allowed values) for an unknown name or a
+    kernel the platform lacks."""
     if name not in ATTENTIONS:
         raise ConfigError(f"config.model.attention={name!r}: choose {' or '.join(ATTENTIONS)}")
     if name == "splash" and platform != "tpu":
@@ -72,7 +79,8 @@ def resolve_attention(name: str, *, platform: str, dtype: str, num_devices: int 
         )
     if name != "auto":
         return name
-    if platform == "gpu" and dtype in ("bfloat16", "float16"):
+    cudnn = gpu_capability is not None and gpu_capability >= CUDNN_MIN_CAPABILITY
+    if platform == "gpu" and cudnn and dtype in ("bfloat16", "float16"):
         return "dot_product"  # cuDNN's fused kernel, which needs half precision
     # Splash has no partitioning rule: over several chips XLA would gather the batch around it.
     if platform == "tpu" and num_devices == 1 and splash_available():
