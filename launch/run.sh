@@ -3,7 +3,7 @@
 # logging to WORKDIR/logs/<hostname>.log; returns when they have started (follow with launch/logs.sh).
 #
 #   WORKDIR=runs/NAME launch/run.sh [FLAGS for stackft_jax.main...]
-#   e.g. WORKDIR=runs/qqp-bf16 launch/run.sh --config=configs/quora.py --config.model.dtype=bfloat16
+#   e.g. WORKDIR=runs/qqp launch/run.sh --config=configs/quora.py   (bfloat16 on TPU: model.dtype=auto)
 #
 # Without --config=..., CONFIG (default configs/quora.py) is used; --workdir comes from WORKDIR, and
 # --distributed is added when the slice has more than one host. Rerunning the same command resumes

@@ -424,9 +424,14 @@ def with_legacy_keys(plain: Mapping[str, Any]) -> dict[str, Any]:
     `gap_metric` compared the task's `legacy_gap_metric` (token accuracy on NER, not entity F1); a
     `feature_cache_dir` in a phase block (before it became a run option) is the run's; a config without
     the `batching` block drew random batches in the doubling buckets (data/batching.py); a CoNLL run
-    without `data.entity_f1` read strict IOB2 entity F1 (before conlleval's became the default)."""
+    without `data.entity_f1` read strict IOB2 entity F1 (before conlleval's became the default); a model
+    without `attention` ran the einsum path, without `remat` kept every activation (every record has
+    `dtype`)."""
     plain = copy.deepcopy(dict(plain))
     plain.setdefault("batching", dict(LEGACY_BATCHING))
+    if isinstance(plain.get("model"), dict):  # runs before model.attention / model.remat: einsum, no remat
+        plain["model"].setdefault("attention", "einsum")
+        plain["model"].setdefault("remat", "none")
     phase_blocks = [plain.get("phase1"), *(plain.get("phases") or [])]
     folders = [
         b.pop("feature_cache_dir") for b in phase_blocks if isinstance(b, dict) and "feature_cache_dir" in b

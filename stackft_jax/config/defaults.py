@@ -59,7 +59,16 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.name_or_path = "bert-base-uncased"
     c.model.init = "pretrained"  # pretrained | random (name_or_path's config and tokenizer, random weights)
     c.model.allow_pickle = False  # load pytorch_model.bin (unpickling runs code) when no safetensors
-    c.model.dtype = "float32"  # compute dtype; "bfloat16" on TPU/GPU (parameters stay float32)
+    # Compute dtype: auto | float32 | bfloat16; auto is bfloat16 on GPU and TPU, float32 on CPU (parameters,
+    # optimizer state, softmax, LayerNorm statistics and the loss stay float32). Recorded resolved.
+    c.model.dtype = "auto"
+    # Attention: auto | einsum | dot_product | splash (stackft_jax/models/attention.py); auto is cuDNN's
+    # fused kernel on GPU in bfloat16, splash on one TPU chip, einsum elsewhere. The fused paths have no
+    # dropout on the attention probabilities. Recorded resolved.
+    c.model.attention = "auto"
+    # What each encoder layer keeps for the backward pass: none | dots_saveable (recompute all but the
+    # matrix products) | full (recompute the layer); less memory for more compute, same results
+    c.model.remat = "none"
     c.model.scalar_mix = False  # heads see a learned mix of all BERT layers instead of the last
     c.model.dropout_rate = placeholder(float)  # overrides BERT's hidden/attention dropout when set
     # Architecture: a non-zero value replaces config.json's (tiny random models for tests; needs

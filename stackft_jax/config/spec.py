@@ -9,7 +9,8 @@ the run options. `binding_form` is its plain form for workdir binding (workdirs.
 task or a key with a default leaves an old workdir's form unchanged, and a preset binds the phases it
 builds, not its inputs.
 
-No backend starts here: the encoder's shape is read with an abstract model (nnx.eval_shape).
+The encoder's shape is read with an abstract model (nnx.eval_shape); jax is asked its platform (which
+starts the backend) only to resolve `model.dtype` or `model.attention` "auto".
 """
 
 import dataclasses
@@ -25,14 +26,14 @@ from stackft_jax.config import config_cli, defaults, phases
 from stackft_jax.data import batching, task_spec, tasks
 from stackft_jax.data.task_spec import TaskSpec
 from stackft_jax.models import adaptation as adaptation_kinds
-from stackft_jax.models import heads
+from stackft_jax.models import attention, bert, heads
 from stackft_jax.models.objectives import CLASSIFICATION
 from stackft_jax.runtime.cli_errors import ConfigError
 
 SPLITS = ("train", "dev", "test")
 FINAL_PARAMS = ("last", "best")
 MODEL_INITS = ("pretrained", "random")
-MODEL_DTYPES = ("float32", "bfloat16")
+MODEL_DTYPES = ("auto", "float32", "bfloat16")
 # The shortest max_seq_length that leaves room for text: [CLS] a [SEP] b [SEP] takes 3 special tokens.
 MIN_SEQ_LENGTH = 8
 MAX_SEED = 2**31 - 1
@@ -65,7 +66,9 @@ RESULT_NEUTRAL_KEYS = (
 class ModelSpec:
     name_or_path: str
     init: str  # pretrained | random
-    dtype: str  # float32 | bfloat16
+    dtype: str  # float32 | bfloat16 ("auto" resolved for the platform: `resolve_compute`)
+    attention: str  # einsum | dot_product | splash (models/attention.py; "auto" resolved)
+    remat: str  # none | dots_saveable | full (models/bert.py REMAT_POLICIES)
     scalar_mix: bool
     dropout_rate: float | None
     config_overrides: Mapping[str, int]  # the non-zero architecture overrides
@@ -153,10 +156,13 @@ def resolve(
     head = _head(config, task)
     if not recorded:
         _check_aliases(config)
+    dtype, attention, remat = resolve_compute(config.model)
     model = ModelSpec(
         name_or_path=config.model.name_or_path,
         init=config.model.init,
-        dtype=config.model.dtype,
+        dtype=dtype,
+        attention=attention,
+        remat=remat,
         scalar_mix=config.model.scalar_mix,
         dropout_rate=config.model.dropout_rate,
         config_overrides={k: v for k, v in config.model.config_overrides.items() if v},
@@ -218,7 +224,9 @@ def resolve(
         ),
         task=task,
         phases=_with_budget(phases.expand(config, encoder), config.get("budget_steps", 0)),
-        raw=config_cli.to_plain(config),
+        # The resolved compute settings, so that config.json and results.json say what ran and a rerun
+        # from them on another platform runs the same.
+        raw=_with_model(config_cli.to_plain(config), dtype=dtype, attention=attention, remat=remat),
     )
     if not recorded:
         _check_rules_apply(spec)
@@ -245,6 +253,41 @@ def check_files_exist(spec: RunSpec) -> None:
     # encoder's shape (encoder_shape), before any of this.
 
 
+def resolve_compute(model: ml_collections.ConfigDict | ModelSpec) -> tuple[str, str, str]:
+    """`model.dtype`, `model.attention` and `model.remat` checked, "auto" resolved for this platform:
+    bfloat16 compute on GPU and TPU, float32 on CPU (parameters and optimizer state stay float32
+    either way); the fused attention the platform has (models/attention.py). ConfigError on an unknown
+    value or a kernel the platform lacks."""
+    _choice("model.dtype", model.dtype, MODEL_DTYPES)
+    _choice("model.remat", model.remat, tuple(bert.REMAT_POLICIES))
+    _choice("model.attention", model.attention, attention.ATTENTIONS)
+    asks_device = "auto" in (model.dtype, model.attention) or model.attention == "splash"
+    platform, gpu_capability, num_devices = _device() if asks_device else ("", None, 1)
+    dtype = model.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if platform in ("gpu", "tpu") else "float32"
+    resolved = model.attention
+    if resolved in ("auto", "splash"):
+        resolved = attention.resolve_attention(
+            resolved, platform=platform, dtype=dtype, num_devices=num_devices, gpu_capability=gpu_capability
+        )
+    return dtype, resolved, model.remat
+
+
+def _device() -> tuple[str, float | None, int]:
+    """jax's platform (cpu, gpu, tpu), the CUDA compute capability of a GPU (else None) and the device
+    count. Starts the backend: asked only when "auto" or a platform's kernel needs it."""
+    import jax
+
+    capability = getattr(jax.devices()[0], "compute_capability", None)  # CUDA devices: "9.0"
+    return jax.default_backend(), float(capability) if capability else None, jax.device_count()
+
+
+def _with_model(raw: dict[str, Any], **resolved: str) -> dict[str, Any]:
+    raw["model"] = {**raw["model"], **resolved}
+    return raw
+
+
 def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"config.{key}={value!r}: choose {' or '.join(choices)}")
@@ -253,7 +296,6 @@ def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
 def _check_options(config: ml_collections.ConfigDict) -> None:
     _choice("final_params", config.final_params, FINAL_PARAMS)
     _choice("model.init", config.model.init, MODEL_INITS)
-    _choice("model.dtype", config.model.dtype, MODEL_DTYPES)
     for key in _POSITIVE:
         if config[key] <= 0:
             raise ConfigError(f"config.{key} must be positive, got {config[key]}")

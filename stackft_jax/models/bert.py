@@ -51,13 +51,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
+from stackft_jax.models import attention
 from stackft_jax.models.adaptation.adapters import Adapter
 from stackft_jax.models.adaptation.kind import PROJECTIONS, EncoderAdaptation, adaptation_rngs
 from stackft_jax.models.adaptation.lora import LoraDense
 from stackft_jax.models.dense import Dense
 from stackft_jax.models.dropout import Dropout
-from stackft_jax.runtime.cli_errors import DataError
+from stackft_jax.runtime.cli_errors import ConfigError, DataError
 
 logger = logging.getLogger(__name__)
 
@@ -257,10 +259,12 @@ class BertSelfAttention(nnx.Module):
         rngs: nnx.Rngs,
         adaptation: EncoderAdaptation | None = None,
         extra_rngs: nnx.Rngs | None = None,
+        attention: str = "einsum",
     ):
         self.num_heads = config.num_attention_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.dtype = dtype
+        self.kind = attention  # a resolved models/attention.py path: einsum | dot_product | splash
 
         def linear(name: str) -> Dense:
             size = config.hidden_size
@@ -270,10 +274,10 @@ class BertSelfAttention(nnx.Module):
         self.key = linear("key")
         self.value = linear("value")
         self.output = linear("attention_output")
-        self.dropout = Dropout(config.attention_probs_dropout_prob)
+        self.dropout = Dropout(config.attention_probs_dropout_prob)  # einsum's only (attention.py)
 
     def __call__(
-        self, x: jax.Array, mask_bias: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None
+        self, x: jax.Array, attention_mask: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None
     ) -> jax.Array:
         batch, length, hidden = x.shape
 
@@ -284,15 +288,17 @@ class BertSelfAttention(nnx.Module):
             return _project(linear, t, deterministic=deterministic, rngs=rngs)
 
         q, k, v = heads(project(self.query, x)), heads(project(self.key, x)), heads(project(self.value, x))
-        # Scores, mask and softmax in float32 so bf16 compute cannot overflow or lose the mask.
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-        scores = scores * (self.head_dim**-0.5) + mask_bias
-        probs = jax.nn.softmax(scores, axis=-1)
-        probs = self.dropout(probs, deterministic=deterministic, rngs=rngs).astype(self.dtype)
-        # Contract in [b, h, k, d] and transpose back: the same math as "bhqk,bkhd->bqhd", but XLA:CPU's
-        # dot emitter handles that output layout badly (eval step 0.82x the time this way).
-        context = jnp.einsum("bhqk,bhkd->bhqd", probs, v.transpose(0, 2, 1, 3))
-        return project(self.output, context.transpose(0, 2, 1, 3).reshape(batch, length, hidden))
+        context = attention.attend(
+            self.kind,
+            q,
+            k,
+            v,
+            attention_mask,
+            dropout=self.dropout,
+            deterministic=deterministic,
+            rngs=rngs,
+        )
+        return project(self.output, context.reshape(batch, length, hidden))
 
 
 class BertLayer(nnx.Module):
@@ -305,6 +311,7 @@ class BertLayer(nnx.Module):
         rngs: nnx.Rngs,
         adaptation: EncoderAdaptation | None = None,
         extra_rngs: nnx.Rngs | None = None,
+        attention: str = "einsum",
     ):
         extra = (adaptation, extra_rngs)
         self.attention = BertSelfAttention(
@@ -314,6 +321,7 @@ class BertLayer(nnx.Module):
             rngs=rngs,
             adaptation=adaptation,
             extra_rngs=extra_rngs,
+            attention=attention,
         )
         self.attention_layer_norm = _layer_norm(config, dtype, param_dtype, rngs)
         hidden, inner = config.hidden_size, config.intermediate_size
@@ -334,9 +342,9 @@ class BertLayer(nnx.Module):
             self.attention_adapter = self.output_adapter = None
 
     def __call__(
-        self, x: jax.Array, mask_bias: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None
+        self, x: jax.Array, attention_mask: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None
     ) -> jax.Array:
-        attended = self.attention(x, mask_bias, deterministic=deterministic, rngs=rngs)
+        attended = self.attention(x, attention_mask, deterministic=deterministic, rngs=rngs)
         attended = self.dropout(attended, deterministic=deterministic, rngs=rngs)
         if self.attention_adapter is not None:
             attended = self.attention_adapter(attended)
@@ -426,11 +434,33 @@ def _sinusoids(num_positions: int, width: int) -> jax.Array:
     return jnp.asarray(table)
 
 
+# model.remat: what an encoder layer keeps for the backward pass. none: everything (fastest, most memory);
+# dots_saveable: the matrix products without batch dimensions (the projections and feed-forward), the
+# rest (attention scores and context, softmax, GELU, LayerNorm, dropout) recomputed; full: only the
+# layer's input.
+# The projections' products are `Dense.matmul` custom_vjp calls, which jax's dots_* policies do not see:
+# they are saved by name (`_project` names them).
+_PROJECTION = "projection"
+REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
+    "none": None,
+    "dots_saveable": jax.checkpoint_policies.save_only_these_names(_PROJECTION),
+    "full": jax.checkpoint_policies.nothing_saveable,
+}
+
+
+def _run_layer(
+    layer: BertLayer, x: jax.Array, attention_mask: jax.Array, rngs: nnx.Rngs | None, deterministic: bool
+) -> jax.Array:
+    return layer(x, attention_mask, deterministic=deterministic, rngs=rngs)
+
+
 class BertModel(nnx.Module):
     """A BERT-family encoder plus pooler (when the family has one); `dtype` is the compute dtype,
     `param_dtype` the storage dtype. `token_type_ids` are ignored by DistilBERT, which has none.
     `adaptation`: LoRA and / or adapter parameters to add (models/adaptation/), drawn from `rngs`'
-    `adaptation` stream when it has one (else from a key derived from `params` without drawing from it)."""
+    `adaptation` stream when it has one (else from a key derived from `params` without drawing from it).
+    `attention`: the attention path (models/attention.py, resolved: einsum | dot_product | splash).
+    `remat`: what each layer keeps for the backward pass (`REMAT_POLICIES`); none keeps everything."""
 
     def __init__(
         self,
@@ -439,11 +469,16 @@ class BertModel(nnx.Module):
         dtype: Any = jnp.float32,
         param_dtype: Any = jnp.float32,
         adaptation: EncoderAdaptation | None = None,
+        attention: str = "einsum",
+        remat: str = "none",
         rngs: nnx.Rngs,
     ):
+        if remat not in REMAT_POLICIES:
+            raise ConfigError(f"config.model.remat={remat!r}: choose {' or '.join(REMAT_POLICIES)}")
         self.config = config
         self.dtype = dtype
         self.adaptation = adaptation
+        self.remat = remat
         extra_rngs = adaptation_rngs(rngs) if adaptation is not None else None
         self.embeddings = BertEmbeddings(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.layers = nnx.List(
@@ -455,6 +490,7 @@ class BertModel(nnx.Module):
                     rngs=rngs,
                     adaptation=adaptation,
                     extra_rngs=extra_rngs,
+                    attention=attention,
                 )
                 for _ in range(config.num_hidden_layers)
             ]
@@ -474,21 +510,22 @@ class BertModel(nnx.Module):
         deterministic: bool,
         rngs: nnx.Rngs | None = None,
     ) -> BertOutput:
-        """input_ids, token_type_ids, attention_mask: [batch, length] ints (mask 1 = real token).
+        """input_ids, token_type_ids, attention_mask: [batch, length] ints (mask 1 = real token, a prefix
+        of each row).
 
         With deterministic=False, `rngs` must hold a `dropout` stream (nnx.Rngs(dropout=key)).
         """
         if not deterministic and rngs is None and self._has_dropout():
             raise ValueError("deterministic=False needs rngs=nnx.Rngs(dropout=key)")
-        # HF's additive mask: 0 for real keys, the compute dtype's min for padding. A row with no
-        # real key at all (a fully masked padding example) softmaxes to uniform, not NaN.
-        mask_bias = jnp.where(attention_mask[:, None, None, :] > 0, 0.0, jnp.finfo(self.dtype).min).astype(
-            jnp.float32
-        )
         x = self.embeddings(input_ids, token_type_ids, deterministic=deterministic, rngs=rngs)
         hidden_states = [x]
+        run_layer = _run_layer
+        if self.remat != "none":
+            # Per layer: the backward pass recomputes what the policy does not save (dropout masks
+            # too: their keys are the same on recomputation).
+            run_layer = nnx.remat(_run_layer, static_argnums=(4,), policy=REMAT_POLICIES[self.remat])
         for layer in self.layers:
-            x = layer(x, mask_bias, deterministic=deterministic, rngs=rngs)
+            x = run_layer(layer, x, attention_mask, rngs, deterministic)
             hidden_states.append(x)
         # Without a pooler (ELECTRA, DistilBERT) heads get the first token's state itself, what those
         # families' own classifiers start from.
@@ -547,8 +584,8 @@ def _projection(
 def _project(linear: Dense, x: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None) -> jax.Array:
     # A LoRA projection drops its branch's input in training; a plain one is called as it always was.
     if isinstance(linear, LoraDense):
-        return linear(x, deterministic=deterministic, rngs=rngs)
-    return linear(x)
+        return checkpoint_name(linear(x, deterministic=deterministic, rngs=rngs), _PROJECTION)
+    return checkpoint_name(linear(x), _PROJECTION)
 
 
 def _layer_norm(

@@ -65,10 +65,14 @@ class TaskModel(nnx.Module):
         scalar_mix: bool,
         dtype: jnp.dtype = jnp.float32,
         adaptation: EncoderAdaptation | None = None,
+        attention: str = "einsum",
+        remat: str = "none",
         rngs: nnx.Rngs,
     ):
         # The backbone draws adaptation parameters from their own stream: the head's are the same without.
-        self.backbone = BertModel(bert_config, dtype=dtype, adaptation=adaptation, rngs=rngs)
+        self.backbone = BertModel(
+            bert_config, dtype=dtype, adaptation=adaptation, attention=attention, remat=remat, rngs=rngs
+        )
         self.head = Head(
             head_config,
             bert_config=bert_config,

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from stackft_jax.config import spec
 from stackft_jax.config.spec import RunSpec
 from stackft_jax.data import tokenization
 from stackft_jax.data.task_spec import TaskSpec
@@ -43,14 +44,17 @@ def build_model(
     "pretrained" (seeded by `config.seed` either way); `adaptation`: the LoRA / adapter parameters the
     encoder adds (models/adaptation/; loading leaves them as initialised)."""
     bert_config = backbone_config(config, model_dir)
+    dtype, attention, remat = spec.resolve_compute(config.model)  # a config's "auto" too
     model = TaskModel(
         bert_config,
         config.head,
         num_outputs=task.num_outputs,
         output_names=task.output_names,
         scalar_mix=config.model.scalar_mix,
-        dtype=jnp.dtype(config.model.dtype),
+        dtype=jnp.dtype(dtype),
         adaptation=adaptation,
+        attention=attention,
+        remat=remat,
         rngs=nnx.Rngs(params=config.seed),
     )
     if config.model.init == "pretrained":
