@@ -1,6 +1,7 @@
 """The committed grid reports (docs/grids/) are what their per-run files say: each report's statistics
-are recomputed from the committed results, predictions and configs alone, and must match to the digit;
-and every comparison's t-interval and two-sided p follow from the runs' results.json by scipy alone."""
+are recomputed from the committed results, predictions (compact: training/compact_predictions.py) and
+configs alone, once per grid, and must match to the digit; and every comparison's t-interval and
+two-sided p follow from the runs' results.json by scipy alone."""
 
 import itertools
 import json
@@ -46,6 +47,8 @@ def test_a_committed_report_is_recomputed_from_its_per_run_files(folder, tmp_pat
         pytest.fail(f"{folder}/report.json is not committed: remove the grid from COMMITTED or run it")
     copy = tmp_path / "grid"
     shutil.copytree(committed, copy, ignore=shutil.ignore_patterns(*NOT_COMMITTED, "report.*", "figures"))
+    # What is recomputed from: the compact prediction files alone, their keys and labels in examples/.
+    assert not list(copy.glob("*/*/predictions/*.jsonl*")) and list(copy.glob("runs/*/predictions/dev.npz"))
     grid = config_cli.load(COMMITTED[folder], [], kind="grid")
     grid_report.write_report(grid, copy)
     for name in ("report.json", "report.md"):

@@ -901,9 +901,10 @@ def test_costs_per_cell_and_the_papers_gains(tmp_path):
         cells.paper_results(_grid(paper_results="strategy=nope: 1.0"))
 
 
-# A grid compresses its finished runs' predictions (prediction_files.compress).
-COMMITTABLE = ("results.json", "config.json", "metrics.jsonl", "timings.json", "predictions/dev.jsonl.gz",
-               "predictions/test.jsonl.gz")  # fmt: skip
+# A grid keeps its finished runs' predictions compact (prediction_files.compact), their keys and labels in
+# the grid's examples/ folder, committed with them.
+COMMITTABLE = ("results.json", "config.json", "metrics.jsonl", "timings.json", "predictions/dev.npz",
+               "predictions/test.npz")  # fmt: skip
 
 
 @pytest.mark.slow
@@ -932,6 +933,7 @@ def test_the_report_needs_only_the_committable_files_of_each_run(tmp_path, caplo
         for name in COMMITTABLE:
             (committed / "runs" / run_dir.name / name).parent.mkdir(parents=True, exist_ok=True)
             (committed / "runs" / run_dir.name / name).write_bytes((run_dir / name).read_bytes())
+    shutil.copytree(full / grid.EXAMPLES, committed / grid.EXAMPLES)
     last = [r for r in caplog.records if r.name == "stackft_jax.training.train"][-1]
     flagged = json.loads((full / "runs" / "strategy=stack_and_finetune-seed0" / "results.json").read_text())
     if flagged["degenerate"]["dev"]:  # a degenerate run says so in its last line

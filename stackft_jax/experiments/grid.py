@@ -224,6 +224,8 @@ def finished(run_dir: Path, resolved: "RunSpec") -> bool:
 # never copied from another grid, as a grid never commits them.
 _NOT_RECORD = ("checkpoints", "tensorboard", "locks", "feature_cache", "replaced-*", "*.tmp")
 REUSED_FROM = "reused_from.json"
+# GRID/examples/: the keys and labels of the grid's compact prediction files, once per split and content.
+EXAMPLES = "examples"
 
 
 def _finished_runs(sources: list[Path]) -> list[Path]:
@@ -272,6 +274,7 @@ def reuse_run(plan: GridPlan, run: Run, sources: list[Path]) -> Path | None:
     partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     shutil.rmtree(partial, ignore_errors=True)  # an earlier copy cut short
     shutil.copytree(match, partial, ignore=shutil.ignore_patterns(*_NOT_RECORD))
+    prediction_files.compact(partial, plan.workdir / EXAMPLES, source=match)  # its examples, here
     provenance = {"source": str(match), "copied_at": time.time()}
     (partial / REUSED_FROM).write_text(json.dumps(provenance) + "\n")
     try:
@@ -328,8 +331,8 @@ def run_grid(
                     raise
                 log.info("grid run %s is another process's (%s); taking the next", run.name, error)
                 continue
-        if jax.process_index() == 0:  # a grid's runs are committed one by one: their predictions compressed
-            prediction_files.compress(run_dir)
+        if jax.process_index() == 0:  # a grid's runs are committed one by one: their predictions compact
+            prediction_files.compact(run_dir, plan.workdir / EXAMPLES)
     return all(finished(plan.workdir / "runs" / run.name, specs[run]) for run in runs)
 
 

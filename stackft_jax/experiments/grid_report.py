@@ -67,7 +67,7 @@ from stackft_jax.experiments.cells import (
     report_settings,
     runs_of,
 )
-from stackft_jax.experiments.grid import REUSED_FROM, check_ensembles, run_spec
+from stackft_jax.experiments.grid import EXAMPLES, REUSED_FROM, check_ensembles, run_spec
 from stackft_jax.models import objectives
 from stackft_jax.runtime import records
 from stackft_jax.runtime.cli_errors import ConfigError
@@ -160,16 +160,16 @@ def load_runs(grid: ml_collections.ConfigDict, workdir: str | Path) -> list[RunR
 
 def _write_ensemble(out: Path, ensembled: dict[str, Any]) -> None:
     # Staged beside and renamed into place file by file: two shards finishing at once may both write it.
-    # Its predictions compressed, as the grid's runs' are (committed with them).
+    # Its predictions compact, as the grid's runs' are (committed with them), their examples the runs'.
     staging = out.with_name(f"{out.name}.{os.getpid()}.tmp")
     ensembling.write(staging, ensembled)
-    prediction_files.compress(staging)
+    prediction_files.compact(staging, out.parent.parent / EXAMPLES)
     for file in sorted(f for f in staging.rglob("*") if f.is_file()):
         target = out / file.relative_to(staging)
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(file, target)
-        if target.suffix == prediction_files.COMPRESSED:
-            target.with_suffix("").unlink(missing_ok=True)  # a plain copy an older report wrote
+        if target.parent.name == "predictions":
+            prediction_files.drop_other_forms(target)  # the form an older report wrote
     shutil.rmtree(staging)
 
 
