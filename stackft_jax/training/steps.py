@@ -116,34 +116,31 @@ def train_step(
         )
     trainable_grads = jax.tree.map(lambda t, g: g if t else None, trainable, grads)
     grad_norm = optax.tree.norm(trainable_grads)
-    # One scalar decides the whole update: a non-finite step (or any after it) skips the optimizer
-    # entirely inside `lax.cond`, instead of a select over every parameter and moment. The host reads
-    # the flag only when it logs, evaluates or saves, so the check never stalls the step pipeline.
+    # Checked here, every step; the host reads the flag only when it logs, evaluates or saves, so the
+    # check never stalls the step pipeline.
     first_nonfinite_step = jnp.where(
         (state.first_nonfinite_step < 0) & ~(jnp.isfinite(loss) & jnp.isfinite(grad_norm)),
         state.step,
         state.first_nonfinite_step,
     )
-
-    def update(operands):
-        params, opt_state = operands
-        clipped = grads
-        if max_grad_norm > 0:  # optax.clip_by_global_norm's formula, fused into the optimizer's pass
-            keep = grad_norm < max_grad_norm
-            clipped = jax.tree.map(
-                lambda t, g: (
-                    jax.lax.select(keep, g, (g / grad_norm.astype(g.dtype)) * max_grad_norm) if t else g
-                ),
-                trainable,
-                grads,
-            )
-        updates, opt_state = tx.update(clipped, opt_state, params)
-        stepped = optax.apply_updates(params, updates)
-        return jax.tree.map(lambda t, old, new: new if t else old, trainable, params, stepped), opt_state
-
-    params, opt_state = jax.lax.cond(
-        first_nonfinite_step < 0, update, lambda operands: operands, (state.params, state.opt_state)
+    clipped = grads
+    if max_grad_norm > 0:  # optax.clip_by_global_norm's formula, with the norm computed above
+        keep = grad_norm < max_grad_norm
+        clipped = jax.tree.map(
+            lambda t, g: jax.lax.select(keep, g, (g / grad_norm.astype(g.dtype)) * max_grad_norm) if t else g,
+            trainable,
+            grads,
+        )
+    updates, new_opt_state = tx.update(clipped, state.opt_state, state.params)
+    stepped = optax.apply_updates(state.params, updates)
+    # A non-finite step (or any after it) changes nothing: one select per trainable leaf and moment.
+    # A `lax.cond` around the whole update moves less memory, but XLA then fuses the optimizer's
+    # reductions differently and committed runs no longer rerun to the digit (benchmarks/RESULTS.md §13).
+    healthy = first_nonfinite_step < 0
+    params = jax.tree.map(
+        lambda t, old, new: jnp.where(healthy, new, old) if t else old, trainable, state.params, stepped
     )
+    opt_state = jax.tree.map(lambda new, old: jnp.where(healthy, new, old), new_opt_state, state.opt_state)
     metrics = {"loss": loss, "grad_norm": grad_norm, **stats, "real_tokens": _real_tokens(batch)}
     if with_norms:
         metrics.update(_norms_by_part(trainable, grads, state.params, params))
