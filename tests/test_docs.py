@@ -66,3 +66,13 @@ def test_a_documented_command_parses(page, command, args):
         model = config.model.name_or_path
         local = model.startswith("embedded:") or Path(model).expanduser().is_dir()
         spec.resolve(config, recorded=True, encoder=None if local else spec.encoder_shape("embedded:minilm"))
+
+
+def test_readme_lines_fit_200_characters():
+    """The README is a guide read in a terminal and on a phone; long table rows link to docs/ instead."""
+    long = [
+        (number, len(line))
+        for number, line in enumerate((ROOT / "README.md").read_text().splitlines(), start=1)
+        if len(line) > 200
+    ]
+    assert not long, f"README.md lines over 200 characters (line, length): {long}"
