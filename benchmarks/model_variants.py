@@ -41,7 +41,14 @@ from benchmarks.machine import finish, machine_info
 from stackft_jax.models import bert, dense, dropout
 
 
-def _attention_bqhd(self, x, mask_bias, *, deterministic, rngs):
+def _mask_bias(attention_mask, dtype):
+    """The encoder layer hands attention its [batch, length] mask (models/attention.py); these variants
+    add it to the scores as a bias, as the einsum path does."""
+    return jnp.where(attention_mask[:, None, None, :] > 0, 0.0, jnp.finfo(dtype).min)
+
+
+def _attention_bqhd(self, x, attention_mask, *, deterministic, rngs):
+    mask_bias = _mask_bias(attention_mask, x.dtype)
     batch, length, hidden = x.shape
 
     def heads(t):
@@ -137,7 +144,8 @@ def _attention_tail(self, q, k, v, mask_bias, deterministic, rngs):
     return context.transpose(0, 2, 1, 3).reshape(batch, length, -1)
 
 
-def _attention_bhld(self, x, mask_bias, *, deterministic, rngs):
+def _attention_bhld(self, x, attention_mask, *, deterministic, rngs):
+    mask_bias = _mask_bias(attention_mask, x.dtype)
     batch, length, _ = x.shape
 
     def heads(t):
@@ -147,7 +155,8 @@ def _attention_bhld(self, x, mask_bias, *, deterministic, rngs):
     return self.output(_attention_tail(self, q, k, v, mask_bias, deterministic, rngs))
 
 
-def _attention_qkv_fused(self, x, mask_bias, *, deterministic, rngs):
+def _attention_qkv_fused(self, x, attention_mask, *, deterministic, rngs):
+    mask_bias = _mask_bias(attention_mask, x.dtype)
     batch, length, _ = x.shape
     projections = (self.query, self.key, self.value)
     kernel = jnp.concatenate([p.kernel[...] for p in projections], axis=1)

@@ -235,6 +235,7 @@ def test_demo_preset_runs_and_records_label_names_and_held_out_dev(tmp_path, run
         "label_names": list(TWO),
         "num_examples": {"train": 360, "dev": 40, "test": 100},
         "dev_held_out_fraction": 0.1,
+        "selection_fraction": None,  # no slice of train held out for selection
     }
     assert set(results["final"]["dev"]) == set(results["final"]["test"]) == {"accuracy", "macro_f1", "loss"}
     records = [json.loads(line) for line in (workdir / "predictions" / "dev.jsonl").read_text().splitlines()]

@@ -198,9 +198,10 @@ def _kind_of(folder: Path) -> str:
     return "other"
 
 
-# What a grid's folder holds (a grid's runs copied without its grid_config.json are one too).
+# What a grid's folder holds (a grid's runs copied without its grid_config.json are one too); "examples":
+# its runs' prediction keys and labels, once per grid (experiments/grid.py EXAMPLES).
 _GRID_ENTRIES = frozenset(
-    {*GRID.progress, GRID.config_file, GRID.history_file, "figures", "feature_cache", _LOCKS}
+    {*GRID.progress, GRID.config_file, GRID.history_file, "figures", "feature_cache", "examples", _LOCKS}
 )
 
 
