@@ -175,16 +175,18 @@ GRID = Binding(
 
 # What a run's lock leaves in a folder before anything else (a run refused before binding its workdir).
 _LOCKS = "locks"
+# What launch/run.sh writes into WORKDIR before the run starts: each host's log and pid.
+_LAUNCH_LOGS = "logs"
 EXPORT_RECORD = "head_config.json"  # an export folder's (trained/opening.py HEAD_CONFIG)
 
 
 def _kind_of(folder: Path) -> str:
-    """What `folder` is, by its marker files: "new" (absent, empty, or only a refused run's locks/),
-    "run", "grid", "export", "model", or "other"."""
+    """What `folder` is, by its marker files: "new" (absent, empty, or only a refused run's locks/ and the
+    launch scripts' logs/), "run", "grid", "export", "model", or "other"."""
     if not folder.exists():
         return "new"
     entries = {p.name for p in folder.iterdir()}
-    if entries <= {_LOCKS}:
+    if entries <= {_LOCKS, _LAUNCH_LOGS}:
         return "new"
     if EXPORT_RECORD in entries:
         return "export"
