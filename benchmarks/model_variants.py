@@ -38,17 +38,11 @@ from flax import nnx
 
 from benchmarks import cases
 from benchmarks.machine import finish, machine_info
-from stackft_jax.models import bert, dense, dropout
-
-
-def _mask_bias(attention_mask, dtype):
-    """The encoder layer hands attention its [batch, length] mask (models/attention.py); these variants
-    add it to the scores as a bias, as the einsum path does."""
-    return jnp.where(attention_mask[:, None, None, :] > 0, 0.0, jnp.finfo(dtype).min)
+from stackft_jax.models import attention, bert, dense, dropout
 
 
 def _attention_bqhd(self, x, attention_mask, *, deterministic, rngs):
-    mask_bias = _mask_bias(attention_mask, x.dtype)
+    mask_bias = attention.additive_mask(attention_mask, x.dtype)
     batch, length, hidden = x.shape
 
     def heads(t):
@@ -145,7 +139,7 @@ def _attention_tail(self, q, k, v, mask_bias, deterministic, rngs):
 
 
 def _attention_bhld(self, x, attention_mask, *, deterministic, rngs):
-    mask_bias = _mask_bias(attention_mask, x.dtype)
+    mask_bias = attention.additive_mask(attention_mask, x.dtype)
     batch, length, _ = x.shape
 
     def heads(t):
@@ -156,7 +150,7 @@ def _attention_bhld(self, x, attention_mask, *, deterministic, rngs):
 
 
 def _attention_qkv_fused(self, x, attention_mask, *, deterministic, rngs):
-    mask_bias = _mask_bias(attention_mask, x.dtype)
+    mask_bias = attention.additive_mask(attention_mask, x.dtype)
     batch, length, _ = x.shape
     projections = (self.query, self.key, self.value)
     kernel = jnp.concatenate([p.kernel[...] for p in projections], axis=1)

@@ -113,6 +113,12 @@ def _scores_bwd(residuals: tuple[jax.Array, jax.Array], g: jax.Array) -> tuple[j
 scores_f32.defvjp(_scores_fwd, _scores_bwd)
 
 
+def additive_mask(attention_mask: jax.Array, dtype: jnp.dtype) -> jax.Array:
+    """HF's additive mask, [batch, 1, 1, length]: 0 for real keys, `dtype`'s min for padding. A row with
+    no real key (a fully masked padding example) softmaxes to uniform, not NaN."""
+    return jnp.where(attention_mask[:, None, None, :] > 0, 0.0, jnp.finfo(dtype).min)
+
+
 def einsum_attention(
     q: jax.Array,
     k: jax.Array,
@@ -125,9 +131,7 @@ def einsum_attention(
 ) -> jax.Array:
     """[batch, length, heads, head_dim] q, k, v -> the context, same shape, in v's dtype."""
     head_dim = q.shape[-1]
-    # HF's additive mask: 0 for real keys, the compute dtype's min for padding. A row with no real key
-    # (a fully masked padding example) softmaxes to uniform, not NaN.
-    mask_bias = jnp.where(attention_mask[:, None, None, :] > 0, 0.0, jnp.finfo(v.dtype).min)
+    mask_bias = additive_mask(attention_mask, v.dtype)
     # Scores, mask and softmax in float32 so half-precision compute cannot overflow or lose the mask.
     if q.dtype == jnp.float32:
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
