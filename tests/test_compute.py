@@ -103,6 +103,11 @@ def test_head_flops_on_hand_checked_light_heads():
     # 8 word slots: [CLS] and [SEP] carry no word
     assert flops.head_flops(tagger, hidden=4, outputs=3, seq_len=10) == 8 * 2 * 4 * 3
     assert flops.head_flops({"name": "not_a_head"}, hidden=4, outputs=3, seq_len=10) is None
+    # The light heads' count (matched cells planned before every head had its own): a tagger's MLP over
+    # every token, every other head none.
+    assert flops.head_flops(tagger, hidden=4, outputs=3, seq_len=10, counted="light") == 10 * 2 * 4 * 3
+    crf = {"name": "bilstm_crf", "bilstm_crf": {"hidden_dim": 0, "lstm_layers": 1, "crf": True}}
+    assert flops.head_flops(crf, hidden=4, outputs=3, seq_len=10, counted="light") is None
 
 
 def _tiny_grid(**changes):

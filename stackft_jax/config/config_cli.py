@@ -426,9 +426,13 @@ def with_legacy_keys(plain: Mapping[str, Any]) -> dict[str, Any]:
     the `batching` block drew random batches in the doubling buckets (data/batching.py); a CoNLL run
     without `data.entity_f1` read strict IOB2 entity F1 (before conlleval's became the default); a model
     without `attention` ran the einsum path, without `remat` kept every activation (every record has
-    `dtype`)."""
+    `dtype`); a FLOPs-matched run without `matched_budget.head_flops` was planned counting the light heads
+    alone (experiments/budgets.py)."""
     plain = copy.deepcopy(dict(plain))
     plain.setdefault("batching", dict(LEGACY_BATCHING))
+    matched = plain.get("matched_budget")
+    if isinstance(matched, dict) and str(matched.get("rule", "")).split(".")[0] == "flops":
+        matched.setdefault("head_flops", "light")
     if isinstance(plain.get("model"), dict):  # runs before model.attention / model.remat: einsum, no remat
         plain["model"].setdefault("attention", "einsum")
         plain["model"].setdefault("remat", "none")
