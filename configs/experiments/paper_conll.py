@@ -95,8 +95,11 @@ def test_no_cache(c: ml_collections.ConfigDict) -> None:
     (paper_qqp.MATCHED_NO_CACHE: its 600 phase-1 steps charged a backbone forward over their 19,200
     sentences, more than the 14,041 of the split the plan cells' cache reads once), every head's FLOPs
     counted: on one device 504 steps for token_mlp and 542 for bilstm_crf (the plan cells: 451 and 447).
-    Run in the test grid's workdir it keeps the 30 finished runs and trains the 10 new ones (about 4.7
-    process-hours: the committed matched runs' 1,314 and 1,561 s per run, scaled by steps):
+    Run in the test grid's workdir it keeps the 20 finetune-only runs and trains the 10 new ones (about
+    4.7 process-hours: the committed matched runs' 1,314 and 1,561 s per run, scaled by steps). Not yet
+    its 10 stack-and-finetune runs: their gap rule read strict F1, and `test` leaves `data.entity_f1` at
+    conlleval, so --status lists them as started and --allow_config_change would retrain them; run it
+    once the stacked cells name the F1 they read:
       taskset -c 0 python -m stackft_jax.experiment \
         --config=configs/experiments/paper_conll.py:test_no_cache \
         --workdir=docs/grids/paper_conll_test --allow_config_change &
