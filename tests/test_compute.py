@@ -142,6 +142,7 @@ def test_new_runs_record_their_compute_and_a_matched_cell_gets_its_budget(tmp_pa
     matched = run_compute(matched_dir)
     record = json.loads((matched_dir / "config.json").read_text())["config"]["matched_budget"]
     assert record["rule"] == "flops" and record["compared"] == "stack_and_finetune"
+    assert record["head_flops"] == "every"  # a new grid counts every head
     assert record["budget"] == pytest.approx(stacked["total"]["flops"])  # built its own cache: as planned
     per_step = run_compute(runs / "strategy=finetune_only-seed0")["total"]["flops"] / 3
     assert record["budget"] <= matched["total"]["flops"] < record["budget"] + per_step
