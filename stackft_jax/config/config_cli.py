@@ -39,6 +39,8 @@ _BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "
 OVERRIDE_PREFIX = "--config."
 # What runs recorded before config.batching existed ran (data/batching.py's random scheme).
 LEGACY_BATCHING = {"scheme": "random", "bucket_tokens": 0, "group_batches": 50}
+# The non-finite guard of every run recorded before config.nonfinite_guard (training/steps.py).
+LEGACY_NONFINITE_GUARD = "select"
 
 
 def flat_keys(config: ml_collections.ConfigDict, prefix: str = "") -> Iterator[str]:
@@ -426,9 +428,10 @@ def with_legacy_keys(plain: Mapping[str, Any]) -> dict[str, Any]:
     the `batching` block drew random batches in the doubling buckets (data/batching.py); a CoNLL run
     without `data.entity_f1` read strict IOB2 entity F1 (before conlleval's became the default); a model
     without `attention` ran the einsum path, without `remat` kept every activation (every record has
-    `dtype`)."""
+    `dtype`); a run without `nonfinite_guard` guarded its updates with a select per leaf."""
     plain = copy.deepcopy(dict(plain))
     plain.setdefault("batching", dict(LEGACY_BATCHING))
+    plain.setdefault("nonfinite_guard", LEGACY_NONFINITE_GUARD)
     if isinstance(plain.get("model"), dict):  # runs before model.attention / model.remat: einsum, no remat
         plain["model"].setdefault("attention", "einsum")
         plain["model"].setdefault("remat", "none")
