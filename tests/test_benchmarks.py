@@ -202,6 +202,18 @@ def test_profile_step(tmp_path):
     assert full_result["hlo_module"] != eval_result["hlo_module"]
 
 
+@pytest.mark.slow  # five compilations of the tiny train step
+def test_profile_step_tail_compares_both_guards(tmp_path):
+    out = tmp_path / "profile_step.json"
+    profile_step.main(["--tail", "--model=tiny", "--batch-size=8", "--seq-len=32", f"--out={out}"])
+    result = _read(tmp_path / "profile_step_tail.json")["results"]
+    assert result["default_guard"] == "skip_update"
+    skip, select = result["by_guard"]["skip_update"], result["by_guard"]["select"]
+    # Bytes, not time: the lax.cond writes each trained leaf and moment once, the select twice.
+    assert 0 < skip["step_tail_bytes"] < select["step_tail_bytes"]
+    assert skip["logged_step_tail_bytes"] > skip["step_tail_bytes"]
+
+
 def test_model_variants(tmp_path):
     out = tmp_path / "model_variants.json"
     variants = "baseline,attn_bqhd+bernoulli_dropout"
