@@ -2,6 +2,7 @@
 non-finite step on; a record written before the key reads as the guard it ran (select)."""
 
 import json
+import re
 from pathlib import Path
 
 import jax
@@ -12,7 +13,7 @@ from configs import tiny
 from stackft_jax.config import config_cli, spec
 from stackft_jax.runtime import sharding
 from stackft_jax.runtime.cli_errors import ConfigError
-from stackft_jax.training import loop, steps
+from stackft_jax.training import loop, steps, workdirs
 from tests.test_grad_accum import _setup
 
 REPO = Path(__file__).resolve().parent.parent
@@ -90,3 +91,23 @@ def test_an_unknown_guard_is_one_line_naming_the_key_and_the_choices():
     config = tiny.get_config("nonfinite_guard=where")
     with pytest.raises(ConfigError, match=r"^config\.nonfinite_guard='where': choose skip_update or select$"):
         spec.resolve(config)
+
+
+def test_resuming_with_another_guard_is_refused_and_a_record_without_the_key_resumes_as_select(tmp_path):
+    def bind(items: str = "") -> None:
+        run_spec = spec.resolve(tiny.get_config(items or None))
+        workdirs.bind_run(tmp_path, run_spec, global_batch_size=8, allow_change=False)
+
+    bind()
+    (tmp_path / "metrics.jsonl").write_text("")  # the run has started (a workdir without progress rebinds)
+    with pytest.raises(
+        workdirs.ConfigMismatch,
+        match=re.escape("config.nonfinite_guard: 'skip_update' recorded, 'select' now"),
+    ):
+        bind("nonfinite_guard=select")
+    record = json.loads((tmp_path / workdirs.CONFIG_FILE).read_text())
+    del record["config"]["nonfinite_guard"]
+    (tmp_path / workdirs.CONFIG_FILE).write_text(json.dumps(record))
+    with pytest.raises(workdirs.ConfigMismatch, match="config.nonfinite_guard: 'select' recorded"):
+        bind()
+    bind("nonfinite_guard=select")
