@@ -182,6 +182,7 @@ def jax_phase_step(m: JaxModel, case: str, *, copy_params: bool = True) -> tuple
         mesh=m.mesh,
         seed=m.spec.seed,
         max_grad_norm=m.spec.max_grad_norm,
+        nonfinite_guard=m.spec.nonfinite_guard,
     )
     params = _fresh_copy(m.params) if copy_params else m.params
     return steps.TrainState(**phase_step.init_state(params)), phase_step

@@ -6,8 +6,9 @@
   python -m benchmarks.profile_step --tail --model bert_base       # the optimizer tail's bytes
 
 `--tail` profiles nothing: it reads XLA's cost analysis (`compiled.cost_analysis()`, bytes accessed) of
-the phase-2 train step as runs compile it, with and without the per-part norms of logged steps, and of
-its gradient part alone (`steps.loss_and_grads`); the difference is the post-gradient tail (the
+the phase-2 train step as runs compile it, with and without the per-part norms of logged steps, under
+each non-finite guard (`config.nonfinite_guard`: the default `skip_update` and `select`, `--guards`), and
+of its gradient part alone (`steps.loss_and_grads`); the difference is the post-gradient tail (the
 non-finite guard, clipping, AdamW, the parameter update, and on logged steps the norms).
 
 Builds the same jitted step as `train_speed` (benchmarks/cases.py), warms it up, traces `--steps` calls
@@ -34,6 +35,7 @@ from jax._src.profiler import ProfileData  # public as jax.profiler.ProfileData 
 
 from benchmarks import cases
 from benchmarks.machine import load_average, machine_info, write_json
+from stackft_jax.config import spec
 from stackft_jax.runtime import sharding
 from stackft_jax.training import optim, steps
 
@@ -173,19 +175,47 @@ def _bytes_accessed(compiled) -> float:
     return float(analysis["bytes accessed"])
 
 
-def tail_bytes(model_name: str, batch_size: int, seq_len: int) -> dict:
-    """Bytes accessed (XLA cost analysis) of the phase-2 step, its logged-step variant, and its
-    gradient part alone; the tail is the step less the gradient part."""
-    config = cases.experiment_config(model_name, seq_len)
-    model = cases.build_jax(config)
+def tail_bytes(model_name: str, batch_size: int, seq_len: int, guards: list[str]) -> dict:
+    """Bytes accessed (XLA cost analysis) of the phase-2 step and its logged-step variant under each
+    non-finite guard (config.nonfinite_guard), and of its gradient part alone; the tail is the step less
+    the gradient part."""
+    by_guard = {}
+    for guard in guards:
+        config = cases.experiment_config(model_name, seq_len)
+        config.nonfinite_guard = guard
+        model = cases.build_jax(config)
+        state, phase_step = cases.jax_phase_step(model, "full")
+        batch = sharding.put_batch(
+            cases.synthetic_batch(batch_size, seq_len, 30522, seed=config.seed), model.mesh
+        )
+        args = (state, batch, phase_step.dropout_key)
+        if not by_guard:  # the gradient part is the same under every guard
+            gradient_bytes = _bytes_accessed(_gradients_only(model).lower(*args).compile())
+            parameters = sum(int(x.size) for x in jax.tree.leaves(state.params))
+        step_bytes = _bytes_accessed(phase_step.jitted_step.lower(*args).compile())
+        logged_bytes = _bytes_accessed(phase_step.jitted_step_with_norms.lower(*args).compile())
+        by_guard[guard] = {
+            "step_bytes": step_bytes,
+            "logged_step_bytes": logged_bytes,
+            "step_tail_bytes": step_bytes - gradient_bytes,
+            "logged_step_tail_bytes": logged_bytes - gradient_bytes,
+        }
+    return {
+        "model": model_name,
+        "batch_size": batch_size,
+        "seq_len": seq_len,
+        "parameters": parameters,
+        "default_guard": cases.experiment_config(model_name, seq_len).nonfinite_guard,
+        "gradient_part_bytes": gradient_bytes,
+        "by_guard": by_guard,
+    }
+
+
+def _gradients_only(model: cases.JaxModel):
+    """The phase-2 step's gradient part (`steps.loss_and_grads`), jitted with the step's shardings."""
     phase = cases.case_phase(model, "full")
     _, labels = optim.phase_optimizer(model.params, phase, max_grad_norm=model.spec.max_grad_norm)
     trainable = optim.trainable_mask(labels)
-    state, phase_step = cases.jax_phase_step(model, "full")
-    batch = sharding.put_batch(
-        cases.synthetic_batch(batch_size, seq_len, 30522, seed=config.seed), model.mesh
-    )
-    args = (state, batch, phase_step.dropout_key)
 
     def gradients(state, batch, dropout_key):
         return steps.loss_and_grads(
@@ -199,25 +229,21 @@ def tail_bytes(model_name: str, batch_size: int, seq_len: int) -> dict:
         )
 
     replicated = sharding.replicated(model.mesh)
-    grads_only = jax.jit(
+    return jax.jit(
         gradients,
         in_shardings=(replicated, sharding.data_sharded(model.mesh), replicated),
         out_shardings=replicated,
     )
-    gradient_bytes = _bytes_accessed(grads_only.lower(*args).compile())
-    step_bytes = _bytes_accessed(phase_step.jitted_step.lower(*args).compile())
-    logged_bytes = _bytes_accessed(phase_step.jitted_step_with_norms.lower(*args).compile())
-    return {
-        "model": model_name,
-        "batch_size": batch_size,
-        "seq_len": seq_len,
-        "parameters": sum(int(x.size) for x in jax.tree.leaves(state.params)),
-        "gradient_part_bytes": gradient_bytes,
-        "step_bytes": step_bytes,
-        "logged_step_bytes": logged_bytes,
-        "tail_bytes": step_bytes - gradient_bytes,
-        "logged_step_tail_bytes": logged_bytes - gradient_bytes,
-    }
+
+
+def print_tail(result: dict) -> None:
+    print("| program | non-finite guard | GB accessed | post-gradient GB |\n| --- | --- | --- | --- |")
+    print(f"| gradients only | - | {result['gradient_part_bytes'] / 1e9:.2f} | - |")
+    for name, key in (("train step", "step"), ("logged train step (per-part norms)", "logged_step")):
+        for guard, row in result["by_guard"].items():
+            label = f"{guard} (default)" if guard == result["default_guard"] else guard
+            accessed, tail = row[f"{key}_bytes"] / 1e9, row[f"{key}_tail_bytes"] / 1e9
+            print(f"| {name} | {label} | {accessed:.2f} | {tail:.2f} |")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -231,6 +257,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--top", type=int, default=20, help="rows printed per table")
     parser.add_argument("--quick", action="store_true", help="batch 8 x 32, one traced call")
     parser.add_argument("--tail", action="store_true", help="the phase-2 step's post-gradient bytes")
+    parser.add_argument(
+        "--guards",
+        default=",".join(spec.NONFINITE_GUARDS),
+        help="--tail: comma list of config.nonfinite_guard values to compare",
+    )
     parser.add_argument("--out", default="benchmarks/out/profile_step.json")
     args = parser.parse_args(argv)
     quick = args.quick
@@ -245,14 +276,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.tail:
-        result = tail_bytes(args.model, args.batch_size, args.seq_len)
-        print("| step | GB accessed | post-gradient GB |\n| --- | --- | --- |")
-        print(f"| gradients only | {result['gradient_part_bytes'] / 1e9:.2f} | - |")
-        print(f"| train step | {result['step_bytes'] / 1e9:.2f} | {result['tail_bytes'] / 1e9:.2f} |")
-        print(
-            f"| logged train step (per-part norms) | {result['logged_step_bytes'] / 1e9:.2f} "
-            f"| {result['logged_step_tail_bytes'] / 1e9:.2f} |"
-        )
+        result = tail_bytes(args.model, args.batch_size, args.seq_len, args.guards.split(","))
+        print_tail(result)
         payload = {
             "benchmark": "profile_step_tail",
             "machine": machine_info(),

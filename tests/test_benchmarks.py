@@ -26,6 +26,7 @@ from benchmarks import (
     grid_sharing,
     grouped_batches,
     input_pipeline,
+    loop_overhead,
     memory,
     model_variants,
     profile_step,
@@ -200,6 +201,30 @@ def test_profile_step(tmp_path):
     assert any(source.startswith("dropout.py:") for source in full_result["by_source_ms"])
     assert not any(source.startswith("dropout.py:") for source in eval_result["by_source_ms"])
     assert full_result["hlo_module"] != eval_result["hlo_module"]
+
+
+@pytest.mark.slow  # five compilations of the tiny train step
+def test_profile_step_tail_compares_both_guards(tmp_path):
+    out = tmp_path / "profile_step.json"
+    profile_step.main(["--tail", "--model=tiny", "--batch-size=8", "--seq-len=32", f"--out={out}"])
+    result = _read(tmp_path / "profile_step_tail.json")["results"]
+    assert result["default_guard"] == "skip_update"
+    skip, select = result["by_guard"]["skip_update"], result["by_guard"]["select"]
+    # Bytes, not time: the lax.cond writes each trained leaf and moment once, the select twice.
+    assert 0 < skip["step_tail_bytes"] < select["step_tail_bytes"]
+    assert skip["logged_step_tail_bytes"] > skip["step_tail_bytes"]
+
+
+@pytest.mark.slow  # a short train.run and its steps again in a bare loop: four compilations
+def test_loop_overhead(tmp_path):
+    out = tmp_path / "loop_overhead.json"
+    loop_overhead.main(["--quick", f"--out={out}"])
+    payload = _read(out)
+    results = payload["results"]
+    for side in ("raw", "loop"):
+        assert len(results[side]["window_s"]) == payload["args"]["windows"] == 2  # one repeat
+        assert results[side]["steps_per_s"] > 0
+    assert results["loop_overhead"] > -1 and isinstance(results["goal_met"], bool)
 
 
 def test_model_variants(tmp_path):

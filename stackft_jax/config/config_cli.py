@@ -39,6 +39,8 @@ _BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "
 OVERRIDE_PREFIX = "--config."
 # What runs recorded before config.batching existed ran (data/batching.py's random scheme).
 LEGACY_BATCHING = {"scheme": "random", "bucket_tokens": 0, "group_batches": 50}
+# The non-finite guard of every run recorded before config.nonfinite_guard (training/steps.py).
+LEGACY_NONFINITE_GUARD = "select"
 
 
 def flat_keys(config: ml_collections.ConfigDict, prefix: str = "") -> Iterator[str]:
@@ -427,9 +429,11 @@ def with_legacy_keys(plain: Mapping[str, Any]) -> dict[str, Any]:
     without `data.entity_f1` read strict IOB2 entity F1 (before conlleval's became the default); a model
     without `attention` ran the einsum path, without `remat` kept every activation (every record has
     `dtype`); a FLOPs-matched run without `matched_budget.head_flops` was planned counting the light heads
-    alone (experiments/budgets.py)."""
+    alone (experiments/budgets.py); a run without `nonfinite_guard` guarded its updates with a select per
+    leaf."""
     plain = copy.deepcopy(dict(plain))
     plain.setdefault("batching", dict(LEGACY_BATCHING))
+    plain.setdefault("nonfinite_guard", LEGACY_NONFINITE_GUARD)
     matched = plain.get("matched_budget")
     if isinstance(matched, dict) and str(matched.get("rule", "")).split(".")[0] == "flops":
         matched.setdefault("head_flops", "light")

@@ -131,6 +131,11 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.final_params = "last"  # what results.json's `final` scores: "last" parameters, or "best" on dev
     c.max_grad_norm = 1.0  # clip the trainable leaves' global gradient norm to this; 0: off
+    # What a step whose loss or gradients are not finite (and every step after it) does, leaving params
+    # and optimizer state as they were either way: skip_update (one lax.cond around the optimizer update:
+    # fewer bytes per step) | select (the update runs, then a select per trainable leaf and moment).
+    # A run recorded before the key reads as select (what it ran; the two differ in the last bits).
+    c.nonfinite_guard = "skip_update"
     # Micro-batches per optimizer step: each step sums the gradients of this many global batches (one
     # effective batch of grad_accum_steps x global batch examples, which budgets and reports count).
     c.grad_accum_steps = 1

@@ -32,6 +32,7 @@ from stackft_jax.runtime.cli_errors import ConfigError
 
 SPLITS = ("train", "dev", "test")
 FINAL_PARAMS = ("last", "best")
+NONFINITE_GUARDS = ("skip_update", "select")  # training/steps.train_step
 MODEL_INITS = ("pretrained", "random")
 MODEL_DTYPES = ("auto", "float32", "bfloat16")
 # The shortest max_seq_length that leaves room for text: [CLS] a [SEP] b [SEP] takes 3 special tokens.
@@ -102,6 +103,7 @@ class RunSpec:
     per_device_batch_size: int
     eval_per_device_batch_size: int
     max_grad_norm: float
+    nonfinite_guard: str  # skip_update | select
     grad_accum_steps: int
     final_params: str  # last | best
     boundary_train_examples: int
@@ -182,6 +184,7 @@ def resolve(
         per_device_batch_size=config.per_device_batch_size,
         eval_per_device_batch_size=config.eval_per_device_batch_size,
         max_grad_norm=config.max_grad_norm,
+        nonfinite_guard=config.nonfinite_guard,
         grad_accum_steps=config.get("grad_accum_steps", 1),  # runs recorded before it: 1
         final_params=config.final_params,
         boundary_train_examples=config.boundary_train_examples,
@@ -295,6 +298,7 @@ def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
 
 def _check_options(config: ml_collections.ConfigDict) -> None:
     _choice("final_params", config.final_params, FINAL_PARAMS)
+    _choice("nonfinite_guard", config.nonfinite_guard, NONFINITE_GUARDS)
     _choice("model.init", config.model.init, MODEL_INITS)
     for key in _POSITIVE:
         if config[key] <= 0:

@@ -78,6 +78,7 @@ def train_step(
     with_norms: bool = False,
     grad_accum_steps: int = 1,
     max_grad_norm: float = 0.0,
+    nonfinite_guard: str = "skip_update",
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step. Frozen leaves (`trainable` False) enter the forward pass behind
     `stop_gradient`, so no backward pass runs through a frozen backbone, and they are returned untouched
@@ -90,7 +91,8 @@ def train_step(
     optimizer update: the same update as the whole batch at once, in a k-th of the activation memory.
     `max_grad_norm` > 0 clips the gradients here, with the norm the step computes anyway, as
     `optax.clip_by_global_norm` would (loop.build_phase_step builds `tx` without its own clip): one pass
-    over the gradients fewer."""
+    over the gradients fewer. `nonfinite_guard` (static): how a non-finite step leaves the state as
+    it was, "skip_update" or "select" (below)."""
     # Dropout masks depend only on (seed, phase, step): a resumed run draws the same ones.
     step_key = jax.random.fold_in(dropout_key, state.step)
     if grad_accum_steps == 1:
@@ -123,24 +125,32 @@ def train_step(
         state.step,
         state.first_nonfinite_step,
     )
-    clipped = grads
-    if max_grad_norm > 0:  # optax.clip_by_global_norm's formula, with the norm computed above
-        keep = grad_norm < max_grad_norm
-        clipped = jax.tree.map(
-            lambda t, g: jax.lax.select(keep, g, (g / grad_norm.astype(g.dtype)) * max_grad_norm) if t else g,
-            trainable,
-            grads,
-        )
-    updates, new_opt_state = tx.update(clipped, state.opt_state, state.params)
-    stepped = optax.apply_updates(state.params, updates)
-    # A non-finite step (or any after it) changes nothing: one select per trainable leaf and moment.
-    # A `lax.cond` around the whole update moves less memory, but XLA then fuses the optimizer's
-    # reductions differently and committed runs no longer rerun to the digit (benchmarks/RESULTS.md §13).
     healthy = first_nonfinite_step < 0
-    params = jax.tree.map(
-        lambda t, old, new: jnp.where(healthy, new, old) if t else old, trainable, state.params, stepped
+    update = functools.partial(
+        _update, grads=grads, grad_norm=grad_norm, tx=tx, trainable=trainable, max_grad_norm=max_grad_norm
     )
-    opt_state = jax.tree.map(lambda new, old: jnp.where(healthy, new, old), new_opt_state, state.opt_state)
+    # A non-finite step (or any after it) changes nothing (config.nonfinite_guard). skip_update: one
+    # scalar decides a `lax.cond` around the whole update, so such a step runs no optimizer at all and a
+    # healthy one writes each leaf once (2.6 GB less per BERT-base step than select, benchmarks/RESULTS.md
+    # §13). select: the update always runs, then a select per trainable leaf and moment; XLA fuses the
+    # optimizer's reductions differently there, so runs recorded with it rerun to the digit only with it.
+    if nonfinite_guard == "skip_update":
+        params, opt_state = jax.lax.cond(
+            healthy,
+            lambda operands: update(*operands),
+            lambda operands: operands,
+            (state.params, state.opt_state),
+        )
+    elif nonfinite_guard == "select":
+        stepped, new_opt_state = update(state.params, state.opt_state)
+        params = jax.tree.map(
+            lambda t, old, new: jnp.where(healthy, new, old) if t else old, trainable, state.params, stepped
+        )
+        opt_state = jax.tree.map(
+            lambda new, old: jnp.where(healthy, new, old), new_opt_state, state.opt_state
+        )
+    else:
+        raise ValueError(f"nonfinite_guard={nonfinite_guard!r}: skip_update or select")
     metrics = {"loss": loss, "grad_norm": grad_norm, **stats, "real_tokens": _real_tokens(batch)}
     if with_norms:
         metrics.update(_norms_by_part(trainable, grads, state.params, params))
@@ -151,6 +161,30 @@ def train_step(
         first_nonfinite_step=first_nonfinite_step,
     )
     return new_state, metrics
+
+
+def _update(
+    params: Any,
+    opt_state: Any,
+    *,
+    grads: Any,
+    grad_norm: jax.Array,
+    tx: optax.GradientTransformation,
+    trainable: Any,
+    max_grad_norm: float,
+) -> tuple[Any, Any]:
+    """The optimizer update: (new params, frozen leaves untouched; new optimizer state)."""
+    clipped = grads
+    if max_grad_norm > 0:  # optax.clip_by_global_norm's formula, with the norm computed above
+        keep = grad_norm < max_grad_norm
+        clipped = jax.tree.map(
+            lambda t, g: jax.lax.select(keep, g, (g / grad_norm.astype(g.dtype)) * max_grad_norm) if t else g,
+            trainable,
+            grads,
+        )
+    updates, new_opt_state = tx.update(clipped, opt_state, params)
+    stepped = optax.apply_updates(params, updates)
+    return jax.tree.map(lambda t, old, new: new if t else old, trainable, params, stepped), new_opt_state
 
 
 def loss_and_grads(
