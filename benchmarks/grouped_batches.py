@@ -39,8 +39,16 @@ DATA = REPO.parent / "shared" / "data"
 # The new default and the old scheme (what runs recorded before config.batching ran), in the order they
 # run: a benchmark cut short on a busy machine keeps the cheaper new run of each case.
 SCHEMES = {
-    "new": {"batching.scheme": "length_grouped", "batching.bucket_tokens": 16},
-    "old": {"batching.scheme": "random", "batching.bucket_tokens": 0},
+    "new": {
+        "batching.scheme": "length_grouped",
+        "batching.bucket_tokens": 16,
+        "batching.loss_weighting": "corpus_mean",
+    },
+    "old": {
+        "batching.scheme": "random",
+        "batching.bucket_tokens": 0,
+        "batching.loss_weighting": "batch_mean",
+    },
 }
 # Shares counted offline, besides the two run: (scheme, bucket_tokens).
 OFFLINE = [

@@ -46,10 +46,12 @@ def mini(c: ml_collections.ConfigDict) -> None:
     c.eval_every_steps = 100
     c.checkpoint_every_steps = 100
     # Random batches in the doubling buckets, what the committed CPU grids built on this preset ran with
-    # (docs/grids/), so they read back as finished; new grids set batching.scheme=length_grouped and
-    # batching.bucket_tokens=16, the library's default (stackft_jax/data/batching.py).
+    # (docs/grids/), so they read back as finished; new grids set batching.scheme=length_grouped,
+    # batching.bucket_tokens=16 and batching.loss_weighting=corpus_mean, the library's default
+    # (stackft_jax/data/batching.py).
     c.batching.scheme = "random"
     c.batching.bucket_tokens = 0
+    c.batching.loss_weighting = "batch_mean"
 
 
 PRESETS = {"demo": demo, "mini": mini}

@@ -269,6 +269,7 @@ def test_gemm_products_count_the_model_flops():
         assert total == flops.step_flops(case, **shape)
 
 
+@pytest.mark.slow
 def test_gemm(tmp_path):
     out, speed = tmp_path / "gemm.json", tmp_path / "train_speed.json"
     # A train_speed result of the same shapes, reduced to what gemm reads.

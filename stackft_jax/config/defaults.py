@@ -43,7 +43,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.per_device_batch_size = 32  # training batch per device; global batch = this x device count
     c.eval_per_device_batch_size = 64  # evaluation batch per device (does not change results)
     # How training draws its batches (stackft_jax/data/batching.py). Runs recorded before this block
-    # read as scheme=random, bucket_tokens=0 (what they ran).
+    # read as scheme=random, bucket_tokens=0, loss_weighting=batch_mean (what they ran).
     c.batching = ml_collections.ConfigDict()
     # length_grouped (each mega-batch of group_batches batches sorted by length, batches in random
     # order: less padding) | random (each epoch's permutation cut in order)
@@ -52,6 +52,10 @@ def get_config() -> ml_collections.ConfigDict:
     # at most ceil(max_seq_length / bucket_tokens) times; 0: the doubling buckets 32, 64, ..., max_seq_length
     c.batching.bucket_tokens = 16
     c.batching.group_batches = 50  # length_grouped: batches per mega-batch sorted by length
+    # corpus_mean (a batch's summed loss over the count a batch holds on average: every example, or
+    # tagging word, weighs the same in every batch) | batch_mean (over the batch's own count: its mean;
+    # under length grouping the words of short-sentence batches then weigh several times more)
+    c.batching.loss_weighting = "corpus_mean"
 
     c.model = ml_collections.ConfigDict()
     # Hub id or local folder of a BERT, RoBERTa, XLM-R, ELECTRA or DistilBERT (config.json model_type),

@@ -130,6 +130,7 @@ def build_phase_step(
     seed: int,
     max_grad_norm: float,
     grad_accum_steps: int = 1,
+    loss_denominator: float | None = None,
 ) -> PhaseStep:
     """The phase's optimizer state initialiser and jitted train steps (also what benchmarks time)."""
     replicated = sharding.replicated(mesh)
@@ -159,6 +160,7 @@ def build_phase_step(
                 with_norms=with_norms,
                 grad_accum_steps=grad_accum_steps,
                 max_grad_norm=max_grad_norm,
+                loss_denominator=loss_denominator,
             )
 
         if with_norms:  # its own name in compile logs: it compiles when a logged step first meets a bucket
@@ -756,6 +758,9 @@ def run_phase(
         seed=ctx.spec.seed,
         max_grad_norm=ctx.spec.max_grad_norm,
         grad_accum_steps=ctx.spec.grad_accum_steps,
+        loss_denominator=ctx.train_order.loss_denominator(
+            ctx.datasets["train"].arrays, ctx.global_batch_size
+        ),
     )
     checkpoints = _Checkpoints.open(ctx, phase, trained=trained, frozen=frozen)
     progress = _restore_or_start(ctx, phase, phase_step, checkpoints, params, global_offset, best)
