@@ -27,6 +27,10 @@ A grid config (configs/experiments/*.py) holds:
             plans to cost, by rule steps | examples (through the backbone's forward) | flops
             (experiments/budgets.py); each such run's config records the rule and the budget
             (`matched_budget.*`), e.g. "strategy=finetune_only@matched_flops:stack_and_finetune"
+  matched_light_heads optional, "" by default: matched cells ("key=value@matched_flops...:compared|...",
+            as `matched` writes them) whose FLOPs budget counts the light heads alone (cls_mlp, linear,
+            token_mlp), as every matched cell was planned before each head had its FLOPs: a preset names
+            its committed grid's cells here, so a rerun plans the steps they ran (experiments/budgets.py)
   comparisons optional, "baseline" by default: the report's comparison rows, "<cell> vs <cell>; ...",
             each cell by the name the report prints (`strategy=stack_and_finetune-name=sim_transformer`,
             an ensemble's `...-name=densenet+highway_lstm`): any two cells (cross-head, strategy against

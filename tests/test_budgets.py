@@ -2,6 +2,7 @@
 what a grid builds, the step counts it computes, and that committed grids keep reading as finished."""
 
 import dataclasses
+import json
 import math
 import shutil
 from types import SimpleNamespace
@@ -21,6 +22,10 @@ MATCHED = "finetune_only@matched_flops:stack_and_finetune"
 
 
 def _load(name: str, **changes):
+    """The grid `name` with `changes`; other `matched` cells than the preset's: none planned by the light
+    heads' FLOPs (the preset's `matched_light_heads` names its own cells)."""
+    if "matched" in changes:
+        changes.setdefault("matched_light_heads", "")
     g = config_cli.load(name, [], kind="grid")
     with g.unlocked():
         g.update(changes)
@@ -142,6 +147,117 @@ def test_adding_matched_cells_to_a_grid_workdir_keeps_its_finished_runs(tmp_path
         grid.plan_grid(more, workdir)
     grid.plan_grid(more, workdir, allow_config_change=True)
     assert _states(more, workdir) == {grid.FINISHED: 80, grid.NOT_STARTED: 20}  # 4 heads x 5 seeds
+
+
+# Which heads a FLOPs budget counts (grid key `matched_light_heads`, run key `matched_budget.head_flops`).
+
+COMMITTED_TEST_GRIDS = ("paper_qqp", "paper_conll", "paper_yahoo")
+
+
+@pytest.fixture
+def one_device(monkeypatch):
+    """The committed grids ran on one device: a matched cell's step count follows the global batch."""
+    monkeypatch.setattr(jax, "device_count", lambda: 1)
+
+
+@pytest.mark.parametrize("task", COMMITTED_TEST_GRIDS)
+def test_a_committed_grids_matched_runs_plan_the_steps_and_budget_they_ran(task, one_device, tmp_path):
+    """Their presets name them in `matched_light_heads` (planned before every head had its FLOPs):
+    reloaded, each plans its recorded step count and budget to the digit, reads as finished, and the grid
+    binds its recorded grid_config.json (written before the key) as it is. (Its other runs are another
+    key's: CoNLL's stacked runs read strict F1 in their gap rule, `data.entity_f1`.)"""
+    folder = f"docs/grids/{task}_test"
+    g = config_cli.load(f"configs/experiments/{task}.py:test", [], kind="grid")
+    matched = [r for r in cells.runs_of(g) if r.matched is not None]
+    assert matched and all(r.matched.heads == "light" for r in matched)
+    for run in matched:
+        planned = grid.run_config(g, run)
+        recorded = json.loads((REPO / folder / "runs" / run.name / "config.json").read_text())["config"]
+        assert planned.phase2.num_steps == recorded["phase2"]["num_steps"], run.name
+        assert planned.matched_budget.budget == recorded["matched_budget"]["budget"], run.name
+        assert planned.matched_budget.head_flops == "light"
+        assert "head_flops" not in recorded["matched_budget"]  # recorded before the key
+        assert config_cli.with_legacy_keys(recorded)["matched_budget"]["head_flops"] == "light"
+    states = {run.name: state for _, run, state in grid.run_states(g, REPO / folder)}
+    assert {states[run.name] for run in matched} == {grid.FINISHED}
+    copy = _copy_records(folder, tmp_path)
+    grid.plan_grid(g, copy)  # the same grid: its record without the key reads as naming these cells
+    # The committed report says which heads each matched cell's budget counted.
+    report = json.loads((REPO / folder / "report.json").read_text())
+    assert {row["head_flops"] for row in report["matched_budgets"]} == {"light"}
+    assert "| light heads only |" in (REPO / folder / "report.md").read_text()
+
+
+def test_a_new_grid_counts_every_heads_flops(one_device, tmp_path):
+    """Without `matched_light_heads` a FLOPs budget counts every head: QQP's Sim-Transformer cell, 665
+    steps when its head counted 0, plans 627 (its head costs in the budget and in each of its steps);
+    cls_mlp, counted both ways, keeps 665. On the committed grid's workdir that is another grid."""
+    g = _load(QQP_TEST, matched_light_heads="")
+    steps = {}
+    for run in (r for r in cells.runs_of(g) if r.matched is not None and r.seed == 0):
+        config = grid.run_config(g, run)
+        assert config.matched_budget.head_flops == "every"
+        steps[dict(run.cell)["head.name"]] = config.phase2.num_steps
+    assert steps == {"cls_mlp": 665, "sim_transformer": 627}
+    copy = _copy_records("docs/grids/paper_qqp_test", tmp_path)
+    with pytest.raises(workdirs.ConfigMismatch, match="grid.matched_light_heads"):
+        grid.plan_grid(g, copy)
+    # A new grid records the convention, so that a rerun does not read it as from before the key.
+    fresh = tmp_path / "fresh"
+    grid.plan_grid(g, fresh)
+    assert json.loads((fresh / "grid_config.json").read_text())["grid"]["matched_light_heads"] == ""
+    grid.plan_grid(g, fresh)
+
+
+def test_the_no_cache_presets_add_cells_that_count_every_head(one_device, tmp_path):
+    """paper_*.py:test_no_cache: the test grid plus finetune-only at stack-and-finetune's standalone
+    no-cache FLOPs, every head counted; on the committed workdir its matched runs stay finished."""
+    expected = {
+        "paper_qqp": {"cls_mlp": 341, "sim_transformer": 353},
+        "paper_conll": {"token_mlp": 504, "bilstm_crf": 542},
+        "paper_yahoo": {"cls_mlp": 201, "densenet": 202, "highway_lstm": 207},
+    }
+    for task, heads in expected.items():
+        g = config_cli.load(f"configs/experiments/{task}.py:test_no_cache", [], kind="grid")
+        test = config_cli.load(f"configs/experiments/{task}.py:test", [], kind="grid")
+        new = [r for r in cells.runs_of(g) if r.matched is not None and r.matched.budget == "no_cache"]
+        assert len(new) == 5 * len(heads) and all(r.matched.heads == "every" for r in new)
+        assert [r.name for r in cells.runs_of(g) if r not in new] == [r.name for r in cells.runs_of(test)]
+        steps = {}
+        for run in (r for r in new if r.seed == 0):
+            config = grid.run_config(g, run)
+            recorded = (config.matched_budget.rule, config.matched_budget.head_flops)
+            assert recorded == ("flops.no_cache", "every")
+            steps[dict(run.cell)["head.name"]] = config.phase2.num_steps
+        assert steps == heads, task
+        states = {run.name: state for _, run, state in grid.run_states(g, REPO / f"docs/grids/{task}_test")}
+        plan = [r for r in cells.runs_of(g) if r.matched is not None and r not in new]
+        assert {states[r.name] for r in plan} == {grid.FINISHED}
+        assert {states[r.name] for r in new} == {grid.NOT_STARTED}
+        no_cache = "strategy=finetune_only@matched_flops.no_cache:stack_and_finetune"
+        assert any(c.configured and dict(c.other)["strategy"] == no_cache.split("=", 1)[1]
+                   for c in cells.comparisons_of(g))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("light", "message"),
+    [
+        ("strategy=finetune_only@matched_steps:stack_and_finetune", "no cell of the grid's `matched`"),
+        ("strategy=finetune_only@matched_flops.no_cache:stack_and_finetune", "no cell of the grid's"),
+    ],
+)
+def test_a_light_heads_cell_that_is_no_flops_matched_cell_is_named(light, message, tmp_path):
+    g = _load(QQP_TEST, matched_light_heads=light)
+    with pytest.raises(config_cli.ConfigError, match=message):
+        grid.plan_grid(g, tmp_path)
+    steps = _load(
+        QQP_TEST,
+        matched="strategy=finetune_only@matched_steps:stack_and_finetune",
+        matched_light_heads="strategy=finetune_only@matched_steps:stack_and_finetune",
+        comparisons="baseline",
+    )
+    with pytest.raises(config_cli.ConfigError, match="counts no FLOPs"):
+        grid.plan_grid(steps, tmp_path)
 
 
 # The gap rule's metric (phase key `gap_metric`).

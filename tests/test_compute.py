@@ -103,6 +103,11 @@ def test_head_flops_on_hand_checked_light_heads():
     # 8 word slots: [CLS] and [SEP] carry no word
     assert flops.head_flops(tagger, hidden=4, outputs=3, seq_len=10) == 8 * 2 * 4 * 3
     assert flops.head_flops({"name": "not_a_head"}, hidden=4, outputs=3, seq_len=10) is None
+    # The light heads' count (matched cells planned before every head had its own): a tagger's MLP over
+    # every token, every other head none.
+    assert flops.head_flops(tagger, hidden=4, outputs=3, seq_len=10, counted="light") == 10 * 2 * 4 * 3
+    crf = {"name": "bilstm_crf", "bilstm_crf": {"hidden_dim": 0, "lstm_layers": 1, "crf": True}}
+    assert flops.head_flops(crf, hidden=4, outputs=3, seq_len=10, counted="light") is None
 
 
 def _tiny_grid(**changes):
@@ -138,6 +143,7 @@ def test_new_runs_record_their_compute_and_a_matched_cell_gets_its_budget(tmp_pa
     matched = run_compute(matched_dir)
     record = json.loads((matched_dir / "config.json").read_text())["config"]["matched_budget"]
     assert record["rule"] == "flops" and record["compared"] == "stack_and_finetune"
+    assert record["head_flops"] == "every"  # a new grid counts every head
     assert record["budget"] == pytest.approx(stacked["total"]["flops"])  # built its own cache: as planned
     per_step = run_compute(runs / "strategy=finetune_only-seed0")["total"]["flops"] / 3
     assert record["budget"] <= matched["total"]["flops"] < record["budget"] + per_step

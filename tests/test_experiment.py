@@ -18,7 +18,7 @@ import scipy.stats
 
 from stackft_jax.config import config_cli, phases, spec
 from stackft_jax.data import metrics
-from stackft_jax.experiments import cells, grid, grid_report
+from stackft_jax.experiments import cells, grid, grid_report, markdown
 from stackft_jax.runtime.cli_errors import ConfigError
 from stackft_jax.training import degenerate, prediction_files, workdirs
 from tests.conftest import REPO
@@ -1264,12 +1264,23 @@ def test_the_report_gives_each_matched_cell_its_planned_budget_beside_the_realiz
         "cell": {"strategy": "finetune_only@matched_steps:stack_and_finetune"},
         "name": "strategy=finetune_only@matched_steps:stack_and_finetune",
         "rule": "steps",
+        "head_flops": "",  # a steps rule counts no FLOPs
         "compared": "strategy=stack_and_finetune",
         "planned_budget": float(planned),
         "steps": planned,
         "compared_realized": stacked["train_steps"],
     }
     assert (
-        f"| strategy=finetune_only@matched_steps:stack_and_finetune | steps | strategy=stack_and_finetune | "
-        f"{planned} | {planned} | {stacked['train_steps']} |"
+        "| strategy=finetune_only@matched_steps:stack_and_finetune | steps | - | "
+        f"strategy=stack_and_finetune | {planned} | {planned} | {stacked['train_steps']} |"
     ) in (tmp_path / "report.md").read_text()
+
+
+def test_the_matched_table_says_which_heads_each_flops_budget_counted():
+    row = {"name": "m", "rule": "flops", "compared": "c", "planned_budget": 2e12, "steps": 10.0}
+    row["compared_realized"] = None
+    rows = [row | {"head_flops": "every"}, row | {"name": "old", "head_flops": "light"}]
+    lines = markdown._matched_lines({"matched_budgets": rows})
+    assert "| m | flops | every head | c | 2e+12 | 10 | - |" in lines
+    assert "| old | flops | light heads only | c | 2e+12 | 10 | - |" in lines
+    assert any("`matched_light_heads`" in line for line in lines)

@@ -31,9 +31,11 @@ SELECTION = ",data.selection_fraction=0.1"  # 10% of train: QQP 1,750 pairs, CoN
 
 
 def _start_from(c: ml_collections.ConfigDict, test_grid: ml_collections.ConfigDict) -> None:
-    """Every key of the task's test grid (base, seeds, baseline, metric, ensembles, margins)."""
+    """Every key of the task's test grid (base, seeds, baseline, metric, ensembles, margins) but its
+    matched cells' heads convention: these grids have no matched cells (the presets empty `matched`)."""
     for key, value in test_grid.items():
-        c[key] = value
+        if key != "matched_light_heads":
+            c[key] = value
 
 
 def qqp(c: ml_collections.ConfigDict) -> None:

@@ -82,9 +82,32 @@ def test(c: ml_collections.ConfigDict) -> None:
     c.base += ",phase1.gap_metric=f1,data.test_file=../shared/data/conll2003/eng.testb"
     # Matched-budget cells, "key=value@matched_<steps|examples|flops>:compared" (experiments/budgets.py).
     c.matched = "strategy=finetune_only@matched_flops:stack_and_finetune"
+    # Planned counting the light heads' FLOPs alone (bilstm_crf's as 0), as every matched cell was
+    # before each head had its count: the steps its committed runs took (447 and 451 on one device).
+    c.matched_light_heads = c.matched
     c.comparisons = "; ".join(
         [PAPER_CONTRAST, *paper_qqp.matched_contrasts(c.matched, "bilstm_crf", "token_mlp"), "baseline"]
     )
+
+
+def test_no_cache(c: ml_collections.ConfigDict) -> None:
+    """`test` plus finetune-only at stack-and-finetune's standalone cost without a feature cache, per head
+    (paper_qqp.MATCHED_NO_CACHE: its 600 phase-1 steps charged a backbone forward over their 19,200
+    sentences, more than the 14,041 of the split the plan cells' cache reads once), every head's FLOPs
+    counted: on one device 504 steps for token_mlp and 542 for bilstm_crf (the plan cells: 451 and 447).
+    Run in the test grid's workdir it keeps the 20 finetune-only runs and trains the 10 new ones (about
+    4.7 process-hours: the committed matched runs' 1,314 and 1,561 s per run, scaled by steps). Not yet
+    its 10 stack-and-finetune runs: their gap rule read strict F1, and `test` leaves `data.entity_f1` at
+    conlleval, so --status lists them as started and --allow_config_change would retrain them; run it
+    once the stacked cells name the F1 they read:
+      taskset -c 0 python -m stackft_jax.experiment \
+        --config=configs/experiments/paper_conll.py:test_no_cache \
+        --workdir=docs/grids/paper_conll_test --allow_config_change &
+      taskset -c 1 python -m stackft_jax.experiment \
+        --config=configs/experiments/paper_conll.py:test_no_cache \
+        --workdir=docs/grids/paper_conll_test --allow_config_change"""
+    test(c)
+    paper_qqp.add_no_cache_cells(c, "bilstm_crf", "token_mlp")
 
 
 # TOST's margin behind any "level" in the docs: at most half the paper's one NER gain (+0.99, token
@@ -113,5 +136,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # per-head tables could not be retrieved here (searched 2026-11-24).
     c.paper_results = ""
     c.equivalence_margin = EQUIVALENCE_MARGIN
-    config_cli.apply_items(c, arg, {"small": small, "test": test})
+    config_cli.apply_items(c, arg, {"small": small, "test": test, "test_no_cache": test_no_cache})
     return c

@@ -100,6 +100,9 @@ def test(c: ml_collections.ConfigDict) -> None:
         "strategy=finetune_only|finetune_only_uniform|stack_and_finetune; head.name=cls_mlp|sim_transformer"
     )
     c.matched = MATCHED  # "key=value@matched_<steps|examples|flops>:compared" (experiments/budgets.py)
+    # Planned counting the light heads' FLOPs alone (Sim-Transformer's as 0), as every matched cell was
+    # before each head had its count: the steps its committed runs took (665 per head on one device).
+    c.matched_light_heads = MATCHED
     c.comparisons = "; ".join(
         [
             *PAPER_CONTRASTS[:2],
@@ -109,6 +112,33 @@ def test(c: ml_collections.ConfigDict) -> None:
         ]
     )
     c.paper_results = "; ".join(f"{row}: {ABSTRACT_GAIN}" for row in PAPER_CONTRASTS[:1])
+
+
+def test_no_cache(c: ml_collections.ConfigDict) -> None:
+    """`test` plus finetune-only at stack-and-finetune's standalone cost without a feature cache, per
+    head (MATCHED_NO_CACHE: its 120 phase-1 steps charged a backbone forward over their 1,920 pairs, not
+    one over the 17,497 pairs of the split), every head's FLOPs counted: on one device 341 steps for
+    cls_mlp and 353 for Sim-Transformer (against the plan cells' 665). Run in the test grid's workdir it
+    keeps the 40 finished runs and trains the 10 new ones (about 3.4 process-hours: the committed matched
+    runs' 2,333-2,342 s per 665-step run, scaled by steps):
+      taskset -c 0 python -m stackft_jax.experiment \
+        --config=configs/experiments/paper_qqp.py:test_no_cache \
+        --workdir=docs/grids/paper_qqp_test --allow_config_change &
+      taskset -c 1 python -m stackft_jax.experiment \
+        --config=configs/experiments/paper_qqp.py:test_no_cache \
+        --workdir=docs/grids/paper_qqp_test --allow_config_change"""
+    test(c)
+    add_no_cache_cells(c, "sim_transformer", "cls_mlp")
+
+
+def add_no_cache_cells(c: ml_collections.ConfigDict, complex_head: str, light_head: str, *heads: str) -> None:
+    """A test preset's grid plus its MATCHED_NO_CACHE cells (every head's FLOPs counted) and their
+    `matched_contrasts`, before the `baseline` rows. Also read by paper_conll.py and paper_yahoo.py."""
+    c.matched += "|" + MATCHED_NO_CACHE.partition("=")[2]
+    *rows, last = c.comparisons.split("; ")
+    assert last == "baseline", c.comparisons
+    contrasts = matched_contrasts(MATCHED_NO_CACHE, complex_head, light_head, *heads)
+    c.comparisons = "; ".join([*rows, *contrasts, last])
 
 
 def matched_contrasts(matched: str, complex_head: str, light_head: str, *heads: str) -> list[str]:
@@ -129,6 +159,9 @@ def matched_contrasts(matched: str, complex_head: str, light_head: str, *heads: 
 # fine-tuning one, and by examples 1,394, counting a forward-only cached pair as a fine-tuning pair (3
 # forwards' worth).
 MATCHED = "strategy=finetune_only@matched_flops:stack_and_finetune"
+# ... at its standalone cost without a feature cache (issue 46): a stacked run that reads only the
+# examples its phase 1 draws, rather than caching the whole train split, costs that much.
+MATCHED_NO_CACHE = "strategy=finetune_only@matched_flops.no_cache:stack_and_finetune"
 
 SF, FO, FO_ONE_RATE = (
     "strategy=stack_and_finetune",
@@ -176,5 +209,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.comparisons = "; ".join([*PAPER_CONTRASTS, *SAME_HEAD_ONE_RATE, "baseline"])
     c.paper_results = "; ".join(f"{row}: {ABSTRACT_GAIN}" for row in PAPER_CONTRASTS[:1])
     c.equivalence_margin = EQUIVALENCE_MARGIN
-    config_cli.apply_items(c, arg, {"small": small, "short": short, "test": test})
+    presets = {"small": small, "short": short, "test": test, "test_no_cache": test_no_cache}
+    config_cli.apply_items(c, arg, presets)
     return c

@@ -79,6 +79,10 @@ def test(c: ml_collections.ConfigDict) -> None:
     c.axes = "strategy=finetune_only|stack_and_finetune; head.name=cls_mlp|densenet|highway_lstm"
     # Matched-budget cells, "key=value@matched_<steps|examples|flops>:compared" (experiments/budgets.py).
     c.matched = "strategy=finetune_only@matched_flops:stack_and_finetune"
+    # Planned counting the light heads' FLOPs alone (DenseNet's and Highway-LSTM's as 0), as every
+    # matched cell was before each head had its count: the steps its committed runs took (225 and 226
+    # on one device).
+    c.matched_light_heads = c.matched
     # The paper's contrast: the ensemble (and each complex head) stacked and fine-tuned against BERT
     # fine-tuned with the light head. This grid's finetune_only trains the new head at its own rate
     # (phase2.new_head_learning_rate), not BERT's one rate: the stronger of the two baselines.
@@ -89,6 +93,23 @@ def test(c: ml_collections.ConfigDict) -> None:
         + ["baseline"]
     )
     c.paper_results = f"{SF}-name={ENSEMBLE} vs {FO}-name=cls_mlp: {ABSTRACT_GAIN}"
+
+
+def test_no_cache(c: ml_collections.ConfigDict) -> None:
+    """`test` plus finetune-only at stack-and-finetune's standalone cost without a feature cache, per head
+    (paper_qqp.MATCHED_NO_CACHE: its 150 phase-1 steps charged a backbone forward over their 2,400
+    questions, not one over the 3,600 of the split), every head's FLOPs counted: on one device 201 steps for
+    cls_mlp, 202 for DenseNet and 207 for Highway-LSTM (the plan cells: 226, 225, 225). Run in the test
+    grid's workdir it keeps the 45 finished runs and trains the 15 new ones (about 2.4 process-hours: the
+    committed matched runs' 577-743 s per run, scaled by steps):
+      taskset -c 0 python -m stackft_jax.experiment \
+        --config=configs/experiments/paper_yahoo.py:test_no_cache \
+        --workdir=docs/grids/paper_yahoo_test --allow_config_change &
+      taskset -c 1 python -m stackft_jax.experiment \
+        --config=configs/experiments/paper_yahoo.py:test_no_cache \
+        --workdir=docs/grids/paper_yahoo_test --allow_config_change"""
+    test(c)
+    paper_qqp.add_no_cache_cells(c, ENSEMBLE, "cls_mlp", "densenet", "highway_lstm")
 
 
 SF, FO, ENSEMBLE = "strategy=stack_and_finetune", "strategy=finetune_only", "densenet+highway_lstm"
@@ -122,5 +143,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # The gain the paper reports per row, "<cell> vs <cell>: <points> (note); ...": not found per row here.
     c.paper_results = ""
     c.equivalence_margin = EQUIVALENCE_MARGIN
-    config_cli.apply_items(c, arg, {"small": small, "test": test})
+    config_cli.apply_items(c, arg, {"small": small, "test": test, "test_no_cache": test_no_cache})
     return c

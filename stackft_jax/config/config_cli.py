@@ -432,11 +432,15 @@ def with_legacy_keys(plain: Mapping[str, Any]) -> dict[str, Any]:
     `batching.loss_weighting` divided each batch's loss by its own count; a CoNLL run
     without `data.entity_f1` read strict IOB2 entity F1 (before conlleval's became the default); a model
     without `attention` ran the einsum path, without `remat` kept every activation (every record has
-    `dtype`)."""
+    `dtype`); a FLOPs-matched run without `matched_budget.head_flops` was planned counting the light heads
+    alone (experiments/budgets.py)."""
     plain = copy.deepcopy(dict(plain))
     plain.setdefault("batching", dict(LEGACY_BATCHING))
     if isinstance(plain["batching"], dict):  # recorded before batching.loss_weighting: each batch's mean
         plain["batching"].setdefault("loss_weighting", "batch_mean")
+    matched = plain.get("matched_budget")
+    if isinstance(matched, dict) and str(matched.get("rule", "")).split(".")[0] == "flops":
+        matched.setdefault("head_flops", "light")
     if isinstance(plain.get("model"), dict):  # runs before model.attention / model.remat: einsum, no remat
         plain["model"].setdefault("attention", "einsum")
         plain["model"].setdefault("remat", "none")

@@ -152,6 +152,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.matched_budget.rule = ""  # steps | examples | flops [.no_cache: that budget kind]; "": not matched
     c.matched_budget.compared = ""  # the axis value whose planned budget this run got
     c.matched_budget.budget = 0.0  # that budget in the rule's unit (steps, examples or FLOPs)
+    # every | light: the heads a flops rule's budget counted (models/flops.py HEAD_COUNTS); "": no flops rule
+    c.matched_budget.head_flops = ""
     # Locked: a config file that sets a key the defaults lack (`c.phase1.num_step = 3`) fails at that
     # line (config_cli.load names it), rather than adding a key that nothing reads.
     c.lock()

@@ -24,8 +24,17 @@ e.g. "strategy=finetune_only@matched_flops.no_cache:stack_and_finetune". Both ar
 (`standalone.own_cache`, `standalone.no_cache`), so the matched cell's length is fixed before either
 runs. The matched
 cell gets the smallest step count that is at least that budget. Its run config records the match
-(`matched_budget.rule`, `.compared`, `.budget` in the rule's unit, `.steps`), which the report can print;
-those keys do not bind the run (spec._NEUTRAL): it is the same run as any other of that step count.
+(`matched_budget.rule`, `.compared`, `.budget` in the rule's unit, `.head_flops`), which the report
+prints; those keys do not bind the run (spec._NEUTRAL): it is the same run as any other of that step
+count.
+
+Which heads a FLOPs budget counts: every head (models/flops.py HEAD_FLOPS), unless the grid's optional
+`matched_light_heads` names the cell (the same syntax as `matched`, "key=value@matched_flops...:compared
+|...; ..."): then the light heads alone (cls_mlp, linear, token_mlp; flops.LIGHT_HEAD_FLOPS), the count
+every matched cell was planned with before each head had its own (2026-11-28). A preset whose committed
+grid ran such cells names them there, so a rerun plans the steps they ran; a grid recorded before the key
+binds as naming every flops cell of its `matched` (grid.binding_form); a run recorded before
+`matched_budget.head_flops` reads as "light" (config_cli.with_legacy_keys).
 
 Counting the compared cell's train split reads its train file (or the hub's split) when the grid is
 planned. Adding matched cells to a grid workdir leaves its other runs as they are: the new grid config
@@ -45,6 +54,7 @@ from stackft_jax.runtime.cli_errors import ConfigError
 from stackft_jax.training import compute
 
 RULES = {"steps": "optimizer_steps", "examples": "examples_forward", "flops": "flops"}
+LIGHT_HEADS_KEY = "matched_light_heads"  # the grid key naming the cells planned by the light heads' count
 # budget kind -> compute.planned's standalone accounting
 BUDGETS = {"plan": "own_cache", "no_cache": "no_cache"}
 _MATCHED = re.compile(
@@ -61,6 +71,7 @@ class Matched:
     rule: str
     compared: str
     budget: str = "plan"  # a BUDGETS kind
+    heads: str = "every"  # the heads a flops rule counts (flops.HEAD_COUNTS): `matched_light_heads`
 
     @property
     def rule_text(self) -> str:
@@ -109,7 +120,45 @@ def parse_matched(grid: ml_collections.ConfigDict, axes: dict[str, list[str]]) -
             if matched in found:
                 raise ConfigError(f"{where}: {matched.label} is named twice")
             found.append(matched)
+    return _with_light_heads(grid, found)
+
+
+def _items(text: str) -> list[tuple[str, str]]:
+    """("key", "value@matched_...:compared") of a `matched`-syntax string, unchecked."""
+    found = []
+    for part in filter(str.strip, text.split(";")):
+        key, _, values = part.partition("=")
+        found += [(key.strip(), item.strip()) for item in values.split("|") if item.strip()]
     return found
+
+
+def _with_light_heads(grid: ml_collections.ConfigDict, found: list[Matched]) -> list[Matched]:
+    """`found` with the cells the grid's `matched_light_heads` names counting the light heads alone."""
+    named = _items(grid.get(LIGHT_HEADS_KEY, ""))
+    by_label = {(m.key, m.label): m for m in found}
+    for key, label in named:
+        where = f"config key {LIGHT_HEADS_KEY!r}: {key}={label}"
+        if (key, label) not in by_label:
+            raise ConfigError(f"{where} is no cell of the grid's `matched` ({grid.get('matched', '')!r})")
+        if by_label[key, label].rule != "flops":
+            raise ConfigError(f"{where}: its rule counts no FLOPs, so no head either")
+    light = set(named)
+    return [dataclasses.replace(m, heads="light") if (m.key, m.label) in light else m for m in found]
+
+
+def light_heads_binding(grid: dict) -> list[str]:
+    """The cells a recorded grid (its JSON form) planned by the light heads' count, as "key=label",
+    sorted: what its `matched_light_heads` names, or for a grid recorded before that key, every flops
+    cell of its `matched` (they were all planned so)."""
+    if LIGHT_HEADS_KEY in grid:
+        named = _items(grid[LIGHT_HEADS_KEY] or "")
+    else:
+        named = [
+            (key, item)
+            for key, item in _items(grid.get("matched") or "")
+            if (m := _MATCHED.match(item)) is not None and m["rule"] == "flops"
+        ]
+    return sorted(f"{key}={label}" for key, label in named)
 
 
 def steps_for(budget: float, one_step: float, two_steps: float) -> int:
@@ -153,7 +202,9 @@ def settings(matched: Matched, load) -> list[str]:
     def cost(value: str, extra: list[str]) -> float:
         run_spec = spec.resolve(load(value, extra), recorded=True)
         batch = run_spec.per_device_batch_size * jax.device_count()  # the global batch a run gets here
-        planned = compute.planned(run_spec, train_examples=train_examples(run_spec), global_batch_size=batch)
+        planned = compute.planned(
+            run_spec, train_examples=train_examples(run_spec), global_batch_size=batch, heads=matched.heads
+        )
         return planned["standalone"][BUDGETS[matched.budget]][RULES[matched.rule]]
 
     base = spec.resolve(load(matched.value, []), recorded=True)
@@ -173,4 +224,5 @@ def settings(matched: Matched, load) -> list[str]:
         f"matched_budget.rule={matched.rule_text}",
         f"matched_budget.compared={matched.compared}",
         f"matched_budget.budget={budget!r}",
+        *([f"matched_budget.head_flops={matched.heads}"] if matched.rule == "flops" else []),
     ]

@@ -212,6 +212,7 @@ GRID_KEYS = (
     "metric",
     "ensembles",
     "matched",
+    "matched_light_heads",
     "comparisons",
     "paper_results",
     "equivalence_margin",

@@ -165,9 +165,11 @@ def plan_grid(
     check_ensembles(grid, ensembles, specs)
 
     workdirs.refuse_foreign(workdir, workdirs.GRID)  # a run's or another tool's folder: before any write
+    # The heads' FLOPs convention always recorded: a record without it reads as before the key.
+    record = {"grid": {budgets.LIGHT_HEADS_KEY: "", **config_cli.to_plain(grid)}}
     changed = workdirs.bind_config(
         workdir,
-        {"grid": config_cli.to_plain(grid)},
+        record,
         allow_change=allow_config_change,
         binding=workdirs.GRID,
         compare=binding_form,
@@ -183,9 +185,15 @@ def binding_form(record: Mapping) -> dict:
     that moved into another file, a key written twice) binds alike when it gives every run the same
     config. A base that no longer resolves (a preset or file gone) is compared as written. A CoNLL base
     that does not name `data.entity_f1` binds as `strict`, what grids recorded before the key ran
-    (config_cli.with_legacy_keys); a preset names it."""
+    (config_cli.with_legacy_keys); a preset names it. Its matched cells planned by the light heads'
+    FLOPs (`matched_light_heads`) bind as a sorted list; a grid recorded before that key, as naming every
+    flops cell of its `matched`, as they all were (budgets.light_heads_binding)."""
 
     grid = dict(record["grid"])
+    light = budgets.light_heads_binding(grid)
+    grid.pop(budgets.LIGHT_HEADS_KEY, None)
+    if light:
+        grid[budgets.LIGHT_HEADS_KEY] = light
     if not grid.get("matched"):  # a grid recorded before the key binds as one without matched cells
         grid.pop("matched", None)
     try:

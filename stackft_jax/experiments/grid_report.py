@@ -54,7 +54,7 @@ import ml_collections
 import numpy as np
 import scipy.stats
 
-from stackft_jax.config import phases
+from stackft_jax.config import config_cli, phases
 from stackft_jax.data.task_spec import TaskSpec
 from stackft_jax.experiments import budget_curves, budgets, ensembling, figures, markdown
 from stackft_jax.experiments import statistics as array_statistics
@@ -470,15 +470,16 @@ def matched_budget_statistics(runs: list[RunResult]) -> list[dict[str, Any]]:
     """Per matched-budget cell (budgets.py), the budget it was given: the compared cell's planned cost
     alone (whole step budgets, its own feature-cache build) in the rule's unit, and the steps that bought
     it (means over seeds), beside the compared cell's realized cost in that unit (compute.py: a run that
-    read a shared cache another run built is charged nothing for it). From results.json's
-    `config.matched_budget`."""
+    read a shared cache another run built is charged nothing for it), and which heads its FLOPs budget
+    counted (`head_flops`: every | light, "" for another rule; a run recorded before the key: light,
+    config_cli.with_legacy_keys). From results.json's `config.matched_budget`."""
     by_cell = _runs_by_cell(runs)
     rows = []
     for cell, members in by_cell.items():
         matched = members[0].run.matched
         if matched is None:
             continue
-        recorded = [m.results["config"]["matched_budget"] for m in members]
+        recorded = [config_cli.with_legacy_keys(m.results["config"])["matched_budget"] for m in members]
         compared_cell = tuple((k, matched.compared if k == matched.key else v) for k, v in cell)
         realized = _mean_compute(by_cell.get(compared_cell, []), {}) or {}
         rows.append(
@@ -486,6 +487,7 @@ def matched_budget_statistics(runs: list[RunResult]) -> list[dict[str, Any]]:
                 "cell": dict(cell),
                 "name": members[0].run.cell_name,
                 "rule": matched.rule_text,
+                "head_flops": "+".join(sorted({b.get("head_flops", "") for b in recorded})),
                 "compared": Run(compared_cell, 0).cell_name,
                 "planned_budget": statistics.mean(float(b["budget"]) for b in recorded),
                 "steps": statistics.mean(m.results["train_steps"] for m in members),

@@ -402,18 +402,27 @@ def _matched_lines(report: dict[str, Any]) -> list[str]:
         "budgets and its own feature-cache build; a rule `<unit>.no_cache`: the same budgets with no "
         "feature cache, each frozen step running the backbone forward), fixed before either runs. In a "
         "grid, runs that read a feature cache another run built are charged nothing for it, so the "
-        "compared cell's realized cost (the compute table) can be lower than the plan the matched cell got.",
+        "compared cell's realized cost (the compute table) can be lower than the plan the matched cell got. "
+        "A FLOPs budget counts every head's FLOPs (models/flops.py), or, in a cell planned before every "
+        "head had its count (grid key `matched_light_heads`), the light heads' alone (cls_mlp, linear, "
+        "token_mlp; every other head 0), the steps it ran: the column `heads counted` says which. The "
+        "realized cost counts every head.",
         "",
-        "| matched cell | rule | compared cell | its planned budget | matched steps | its realized cost |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| matched cell | rule | heads counted | compared cell | its planned budget | matched steps | "
+        "its realized cost |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in report["matched_budgets"]:
         realized = row["compared_realized"]
+        heads = _HEADS_COUNTED.get(row.get("head_flops", ""), row.get("head_flops") or "-")
         lines.append(
-            f"| {row['name']} | {row['rule']} | {row['compared']} | {row['planned_budget']:.4g} | "
+            f"| {row['name']} | {row['rule']} | {heads} | {row['compared']} | {row['planned_budget']:.4g} | "
             f"{row['steps']:.0f} | {'-' if realized is None else f'{realized:.4g}'} |"
         )
     return lines
+
+
+_HEADS_COUNTED = {"every": "every head", "light": "light heads only"}  # matched_budget.head_flops
 
 
 def _reuse_lines(report: dict[str, Any]) -> list[str]:

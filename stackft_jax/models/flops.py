@@ -200,10 +200,33 @@ HEAD_FLOPS: dict[str, Callable[..., float | None]] = {
 }
 
 
-def head_flops(head: Mapping[str, Any], *, hidden: int, outputs: int, seq_len: int) -> float | None:
+def _light_token_mlp(block: Mapping[str, Any], hidden: int, outputs: int, seq_len: int) -> float | None:
+    """`token_mlp` as counted before every head had its count: every token, no LSTM or CRF."""
+    if block.get("lstm_layers", 0) or block.get("crf", False):
+        return None
+    widths = [hidden, block["hidden_dim"], outputs] if block.get("hidden_dim", 0) else [hidden, outputs]
+    return seq_len * _dense_chain(widths)
+
+
+# The heads counted before every head had its count (2026-11-28): the light ones, a tagger's MLP over
+# every token; every other head counted 0. Matched cells planned then (a grid's `matched_light_heads`,
+# experiments/budgets.py) keep the step counts they ran by planning with this count.
+LIGHT_HEAD_FLOPS: dict[str, Callable[..., float | None]] = {
+    "cls_mlp": _cls_mlp,
+    "linear": _linear,
+    "token_mlp": _light_token_mlp,
+}
+# Which heads a count includes: every registered one (the default), or the light ones alone.
+HEAD_COUNTS = {"every": HEAD_FLOPS, "light": LIGHT_HEAD_FLOPS}
+
+
+def head_flops(
+    head: Mapping[str, Any], *, hidden: int, outputs: int, seq_len: int, counted: str = "every"
+) -> float | None:
     """Forward FLOPs of the head (`{"name": ..., <name>: its block}`, the run config's form) per example
-    of `seq_len` tokens; None for a name outside `HEAD_FLOPS` (every registered head is in it)."""
-    count = HEAD_FLOPS.get(head["name"])
+    of `seq_len` tokens; None for a name the count `counted` (HEAD_COUNTS) leaves out (`every`: every
+    registered head is in it)."""
+    count = HEAD_COUNTS[counted].get(head["name"])
     return None if count is None else count(head[head["name"]], hidden, outputs, seq_len)
 
 

@@ -65,13 +65,18 @@ class _Model:
     head: Mapping[str, Any]
     outputs: int
     seq_len: int
+    heads: str = "every"  # which heads' FLOPs count (flops.HEAD_COUNTS): every one, or the light ones
 
     def encoder_flops(self, examples: int) -> float:
         return flops.encoder_flops(self.encoder, examples=examples, seq_len=self.seq_len)
 
     def head_flops(self, examples: int) -> float:
         per_example = flops.head_flops(
-            self.head, hidden=self.encoder.hidden_size, outputs=self.outputs, seq_len=self.seq_len
+            self.head,
+            hidden=self.encoder.hidden_size,
+            outputs=self.outputs,
+            seq_len=self.seq_len,
+            counted=self.heads,
         )
         return 0.0 if per_example is None else per_example * examples
 
@@ -84,7 +89,7 @@ class _Model:
 
     @property
     def head_counted(self) -> bool:
-        return flops.head_flops(self.head, hidden=1, outputs=1, seq_len=1) is not None
+        return flops.head_flops(self.head, hidden=1, outputs=1, seq_len=1, counted=self.heads) is not None
 
 
 def _adapted_only(phase: phases.Phase, run_spec: RunSpec) -> bool:
@@ -95,10 +100,11 @@ def _adapted_only(phase: phases.Phase, run_spec: RunSpec) -> bool:
     )
 
 
-def _model(run_spec: RunSpec) -> tuple[_Model, Any]:
+def _model(run_spec: RunSpec, heads: str = "every") -> tuple[_Model, Any]:
 
     _, encoder = build.resolve_encoder(run_spec)
-    model = _Model(encoder, run_spec.head.to_dict(), run_spec.task.num_outputs, run_spec.max_seq_length)
+    head = run_spec.head.to_dict()
+    model = _Model(encoder, head, run_spec.task.num_outputs, run_spec.max_seq_length, heads)
     return model, encoder
 
 
@@ -311,13 +317,16 @@ def run_compute(run_dir: str | Path) -> dict[str, Any] | None:
     return of_results(run_spec, results, timings)
 
 
-def planned(run_spec: RunSpec, *, train_examples: int, global_batch_size: int) -> dict[str, Any]:
+def planned(
+    run_spec: RunSpec, *, train_examples: int, global_batch_size: int, heads: str = "every"
+) -> dict[str, Any]:
     """What `run_spec` costs if every phase runs its whole step budget and builds its own feature cache
     (no early stop, no shared cache), over a train split of `train_examples` examples; `run_compute`'s
     shape, without wall seconds; `standalone.no_cache` the same budgets without any feature cache.
     `global_batch_size`: one micro-batch's (per-device batch x devices); a step is `grad_accum_steps` of
-    them."""
-    model, _ = _model(run_spec)
+    them. `heads`: which heads' FLOPs count (flops.HEAD_COUNTS; "light": as matched cells planned before
+    every head had its count)."""
+    model, _ = _model(run_spec, heads)
     global_batch_size *= run_spec.grad_accum_steps
     # Full batches, as batching.steps_per_epoch (which counts rows: a CoNLL sentence longer than
     # max_seq_length is several, so an epoch budget may plan a few steps short there).
