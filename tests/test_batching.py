@@ -316,9 +316,9 @@ def test_an_unknown_scheme_is_refused():
 # The batching config (config.batching).
 
 
-def test_new_runs_group_by_length_and_the_mini_presets_keep_what_the_committed_grids_ran():
+def test_new_runs_draw_random_batches_in_fine_buckets_and_the_mini_presets_keep_the_committed_ones():
     assert spec.resolve(tiny.get_config()).train_order == batching.TrainOrder(
-        batching.LENGTH_GROUPED, (16, 32), batching.GROUP_BATCHES, batching.CORPUS_MEAN
+        batching.RANDOM, (16, 32), batching.GROUP_BATCHES, batching.BATCH_MEAN
     )
     for preset in ("configs/quora.py:mini", "configs/conll03.py:mini", "configs/yahoo.py:mini"):
         order = spec.resolve(config_cli.load(preset, []), recorded=True).train_order
@@ -390,6 +390,7 @@ def test_a_record_without_the_batching_block_reads_as_the_random_batches_it_ran(
     # A record with the block but from before loss_weighting divided each batch by its own count.
     plain = config_cli.to_plain(tiny.get_config())
     del plain["batching"]["loss_weighting"]
+    plain["batching"]["scheme"] = batching.LENGTH_GROUPED
     assert spec.resolve(spec.config_from_plain(plain), recorded=True).train_order == batching.TrainOrder(
         batching.LENGTH_GROUPED, (16, 32), batching.GROUP_BATCHES, batching.BATCH_MEAN
     )
@@ -411,26 +412,26 @@ def test_resuming_with_another_batching_is_refused_like_any_changed_key(tmp_path
     bind("log_every_steps=3")  # a neutral key: the same run
     with pytest.raises(
         workdirs.ConfigMismatch,
-        match=re.escape("config.batching.scheme: 'length_grouped' recorded, 'random' now"),
+        match=re.escape("config.batching.scheme: 'random' recorded, 'length_grouped' now"),
     ):
-        bind("batching.scheme=random")
+        bind("batching.scheme=length_grouped")
     with pytest.raises(
         workdirs.ConfigMismatch, match=re.escape("config.batching.bucket_tokens: 16 recorded, 8 now")
     ):
         bind("batching.bucket_tokens=8")
     with pytest.raises(
         workdirs.ConfigMismatch,
-        match=re.escape("config.batching.loss_weighting: 'corpus_mean' recorded, 'batch_mean' now"),
+        match=re.escape("config.batching.loss_weighting: 'batch_mean' recorded, 'corpus_mean' now"),
     ):
-        bind("batching.loss_weighting=batch_mean")
-    # A workdir recorded before the key ran random batches: resuming it under today's default is refused,
-    # and with the batching it ran it resumes.
+        bind("batching.loss_weighting=corpus_mean")
+    # A workdir recorded before the key ran the doubling buckets: resuming it under today's default is
+    # refused, and with the batching it ran it resumes.
     record = json.loads((tmp_path / workdirs.CONFIG_FILE).read_text())
     del record["config"]["batching"]
     (tmp_path / workdirs.CONFIG_FILE).write_text(json.dumps(record))
-    with pytest.raises(workdirs.ConfigMismatch, match="config.batching.scheme: 'random' recorded"):
+    with pytest.raises(workdirs.ConfigMismatch, match="config.batching.bucket_tokens: 0 recorded, 16 now"):
         bind()
-    bind("batching.scheme=random,batching.bucket_tokens=0,batching.loss_weighting=batch_mean")
+    bind("batching.bucket_tokens=0")
 
 
 def test_compute_counts_each_phases_real_and_padding_tokens():

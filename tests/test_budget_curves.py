@@ -101,8 +101,8 @@ def test_the_learning_curve_grids_hold_out_selection_and_span_their_budgets(pres
     config = grid.run_config(g, found[-1])
     assert config.data.selection_fraction == 0.1 and config.budget_steps == budgets[-1]
     assert (config.batching.scheme, config.batching.bucket_tokens, config.batching.loss_weighting) == (
-        "length_grouped",
+        "random",
         16,
-        "corpus_mean",
+        "batch_mean",
     )
     assert config.data.test_file  # test scored once per run

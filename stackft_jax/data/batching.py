@@ -10,20 +10,21 @@ With B fixed and L drawn from `buckets`, a jitted step compiles at most len(buck
 Training batches are a pure function of (seed, step), so resuming needs only the step number.
 
 How training draws its rows (`config.batching.scheme`, `TrainOrder`):
-  random          each epoch a fresh permutation, cut into consecutive batches (the runs recorded
-                  before the key existed ran this)
+  random          each epoch a fresh permutation, cut into consecutive batches (the default; the
+                  runs recorded before the key existed ran this too)
   length_grouped  the same permutation cut into mega-batches of `group_batches` batches; each mega-batch
                   sorted by length and cut into batches, so a batch holds rows of similar length and
                   pads little; then the epoch's batches in a seeded random order. Every row is still
                   seen once per epoch (the same rows as random's), but rows of similar length share
-                  batches: a batch's composition follows length, which is why its dev scores are
-                  checked against the seed-to-seed spread (benchmarks/RESULTS.md).
+                  batches: a batch's composition follows length. Opt-in: on CoNLL-2003 at 300
+                  steps its dev F1 fell below random batches' seed-to-seed spread
+                  (benchmarks/RESULTS.md §12).
 Training buckets are every `bucket_tokens` tokens up to max_seq_length (`train_buckets`): a phase's
 train step compiles at most ceil(max_seq_length / bucket_tokens) times (8 at 128 tokens in steps of 16).
 
 What a batch's summed loss is divided by (`config.batching.loss_weighting`, `TrainOrder.loss_weighting`):
   batch_mean   the batch's own count of real rows (or, tagging, real words): each batch's mean loss (the
-               runs recorded before the key existed ran this)
+               default, and what the runs recorded before the key existed ran)
   corpus_mean  the count a batch holds on average over the training split (`expected_count`): every
                row or word weighs the same whichever batch it lands in. Under length grouping a batch
                of 32 one-line headlines holds a tenth of the words of a batch of long sentences; with
