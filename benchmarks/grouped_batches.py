@@ -1,5 +1,6 @@
 """Time to result, old batching against new: random batches in the doubling buckets (what the committed
-grids ran) against length-grouped batches in buckets of 16 tokens (config.batching's default).
+grids ran, "old") against config.batching's default (random batches in buckets of 16 tokens, "new") and
+against length-grouped batches in buckets of 16 tokens weighed by the corpus mean ("grouped", opt-in).
 
   nice -n 10 python -m benchmarks.grouped_batches               # QQP at 48 and 128, CoNLL-2003 at 128
   python -m benchmarks.grouped_batches --offline                # the real-token shares alone (seconds)
@@ -7,7 +8,8 @@ grids ran) against length-grouped batches in buckets of 16 tokens (config.batchi
 
 Per case, first the real-token share of the run's training batches under several schemes, counted from
 the train split's lengths (batching.token_counts: no training); then one real fine-tuning run
-(finetune_only, embedded MiniLM, the paper grids' budget of 300 steps and their dev cadence) per scheme,
+(finetune_only, embedded MiniLM, the paper grids' budget of 300 steps and their dev cadence, seed 0) per
+scheme,
 each `python -m stackft_jax.main` in a subprocess with its own empty compilation cache (its programs are
 compiled, as a single run's are) and the case's shared tokenization cache (filled before either runs).
 A row gives the run's wall time from launch to exit, its process time (user + system seconds of all
@@ -28,7 +30,7 @@ import time
 from pathlib import Path
 
 from benchmarks.machine import finish, machine_info, write_json
-from stackft_jax.config import config_cli, spec
+from stackft_jax.config import config_cli, defaults, spec
 from stackft_jax.data import batching, task_spec, tokenization
 from stackft_jax.models import bert
 from stackft_jax.runtime import sharding, timing
@@ -36,11 +38,17 @@ from stackft_jax.training import compute
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO.parent / "shared" / "data"
-# The new default and the old scheme (what runs recorded before config.batching ran), in the order they
-# run: a benchmark cut short on a busy machine keeps the cheaper new run of each case.
+# The default, the old scheme (what runs recorded before config.batching ran) and length grouping, in the
+# order they run: a benchmark cut short on a busy machine keeps the default's run of each case.
 SCHEMES = {
-    "new": {"batching.scheme": "length_grouped", "batching.bucket_tokens": 16},
-    "old": {"batching.scheme": "random", "batching.bucket_tokens": 0},
+    "new": {f"batching.{key}": value for key, value in defaults.get_config().batching.items()},
+    "old": {f"batching.{key}": value for key, value in config_cli.LEGACY_BATCHING.items()},
+    "grouped": {
+        "batching.scheme": "length_grouped",
+        "batching.bucket_tokens": 16,
+        "batching.group_batches": 50,
+        "batching.loss_weighting": "corpus_mean",
+    },
 }
 # Shares counted offline, besides the two run: (scheme, bucket_tokens).
 OFFLINE = [
@@ -217,7 +225,7 @@ def table(results: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for case, record in results.items():
-        for kind in ("old", "new"):
+        for kind in SCHEMES:
             run = record.get("runs", {}).get(kind)
             if run is None:
                 continue
@@ -227,14 +235,15 @@ def table(results: dict) -> str:
                 f"| {run['wall_s']:.0f} | {run['cpu_s']:.0f} | {run['compilation_s']:.0f} "
                 f"| {run['train_steps_s']:.0f} | {run['evaluation_s']:.0f} | {name} {score:.4f} |"
             )
-        if {"old", "new"} <= set(record.get("runs", {})):
-            old, new = record["runs"]["old"], record["runs"]["new"]
-            loop_ratio = old["train_steps_s"] / new["train_steps_s"]
-            lines.append(
-                f"| {case} | old / new | | {old['steps_per_s'] / new['steps_per_s']:.2f}x | "
-                f"{old['wall_s'] / new['wall_s']:.2f}x | {old['cpu_s'] / new['cpu_s']:.2f}x | "
-                f"| {loop_ratio:.2f}x | | |"
-            )
+        for kind in ("new", "grouped"):
+            if {"old", kind} <= set(record.get("runs", {})):
+                old, new = record["runs"]["old"], record["runs"][kind]
+                loop_ratio = old["train_steps_s"] / new["train_steps_s"]
+                lines.append(
+                    f"| {case} | old / {kind} | | {new['steps_per_s'] / old['steps_per_s']:.2f}x | "
+                    f"{old['wall_s'] / new['wall_s']:.2f}x | {old['cpu_s'] / new['cpu_s']:.2f}x | "
+                    f"| {loop_ratio:.2f}x | | |"
+                )
     lines += ["", "| case | " + " | ".join(f"{s} / {w or 'doubling'}" for s, w in OFFLINE) + " |"]
     lines.append("|---|" + "---|" * len(OFFLINE))
     for case, record in results.items():
@@ -296,7 +305,7 @@ def main(argv: list[str] | None = None) -> dict:
                 costs[grid] = grid_cost(REPO / "docs" / "grids" / grid, speedup)
     text = table(results)
     if costs:
-        text += "\n\n| grid | runs | recorded hours | with grouped batches | fine-tuning speedup |\n"
+        text += "\n\n| grid | runs | recorded hours | with the default batching | fine-tuning speedup |\n"
         text += "|---|---|---|---|---|\n" + "\n".join(
             f"| {grid} | {c['runs']} | {c['recorded_hours']} | {c['scaled_hours']} | {c['speedup']}x |"
             for grid, c in costs.items()

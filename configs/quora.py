@@ -47,10 +47,11 @@ def mini(c: ml_collections.ConfigDict) -> None:
     c.checkpoint_every_steps = 100
     # Random batches in the doubling buckets and the select guard, what the committed CPU grids built on
     # this preset ran with (docs/grids/), so they read back as finished; new grids set
-    # batching.scheme=length_grouped, batching.bucket_tokens=16 (stackft_jax/data/batching.py) and
-    # nonfinite_guard=skip_update (training/steps.py), the library's defaults.
+    # batching.bucket_tokens=16 (stackft_jax/data/batching.py) and nonfinite_guard=skip_update
+    # (training/steps.py), the library's defaults.
     c.batching.scheme = "random"
     c.batching.bucket_tokens = 0
+    c.batching.loss_weighting = "batch_mean"
     c.nonfinite_guard = "select"
 
 

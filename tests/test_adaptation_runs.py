@@ -48,6 +48,7 @@ def _config(folder: Path, strategy: str):
 
 
 @pytest.mark.parametrize("strategy", ADAPTED)
+@pytest.mark.slow
 def test_each_adapted_preset_trains_only_its_parameters_and_keeps_the_checkpoints_weights(
     strategy,
     roberta_dir,  # noqa: F811 (the fixture)
@@ -160,6 +161,7 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     return e / e.sum(-1, keepdims=True)
 
 
+@pytest.mark.slow
 def test_a_lora_runs_export_and_peft_adapter_give_predicts_probabilities(
     roberta_dir,  # noqa: F811 (the fixture)
     tmp_path,

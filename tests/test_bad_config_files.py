@@ -126,6 +126,7 @@ def test_an_error_in_an_imported_config_file_names_that_file(tmp_path):
     _refused(proc, 1, f"{tmp_path / 'base_h47.py'}:5: {message}", tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_a_data_file_given_as_config_is_one_line():
     data = REPO / "tests" / "fixtures" / "qqp" / "train.tsv"
     for module in ("stackft_jax.main", "stackft_jax.experiment"):
@@ -217,6 +218,7 @@ def test_every_alternative_of_lora_targets_names_a_projection(targets, alternati
         assert LoraSettings(rank=8, alpha=16.0, dropout=0.0, targets=good).projections
 
 
+@pytest.mark.slow
 def test_every_committed_run_still_loads_as_its_rerun_does(monkeypatch):
     """`--config=RUN/config.json` (config_cli.load, then spec.resolve) for every run under docs/grids:
     the new checks refuse none of them (their data files aside, which live outside the repository)."""

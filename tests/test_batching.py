@@ -316,13 +316,24 @@ def test_an_unknown_scheme_is_refused():
 # The batching config (config.batching).
 
 
-def test_new_runs_group_by_length_and_the_mini_presets_keep_what_the_committed_grids_ran():
+def test_new_runs_draw_random_batches_in_fine_buckets_and_the_mini_presets_keep_the_committed_ones():
     assert spec.resolve(tiny.get_config()).train_order == batching.TrainOrder(
-        batching.LENGTH_GROUPED, (16, 32), batching.GROUP_BATCHES
+        batching.RANDOM, (16, 32), batching.GROUP_BATCHES, batching.BATCH_MEAN
     )
     for preset in ("configs/quora.py:mini", "configs/conll03.py:mini", "configs/yahoo.py:mini"):
         order = spec.resolve(config_cli.load(preset, []), recorded=True).train_order
         assert (order.scheme, order.buckets) == (batching.RANDOM, batching.length_buckets(128)), preset
+        assert order.loss_weighting == batching.BATCH_MEAN, preset
+
+
+def test_corpus_mean_divides_by_a_batchs_mean_count_in_the_objectives_unit():
+    # Tagging counts words (models/objectives.py), the other objectives rows.
+    tagging = {"lengths": np.array([3, 5, 9]), "num_words": np.array([2, 4, 9])}
+    classification = {"lengths": np.array([3, 5, 9])}
+    corpus = batching.TrainOrder(loss_weighting=batching.CORPUS_MEAN)
+    assert corpus.loss_denominator(tagging, 32) == 32 * 5.0
+    assert corpus.loss_denominator(classification, 32) == 32.0
+    assert batching.TrainOrder(loss_weighting=batching.BATCH_MEAN).loss_denominator(tagging, 32) is None
 
 
 @pytest.mark.parametrize(
@@ -336,6 +347,10 @@ def test_new_runs_group_by_length_and_the_mini_presets_keep_what_the_committed_g
         ),
         ("batching.bucket_tokens=4", "config.batching.bucket_tokens=4: a bucket width from 8 to"),
         ("batching.group_batches=0", "config.batching.group_batches=0: at least 1"),
+        (
+            "batching.loss_weighting=token_mean",
+            "config.batching.loss_weighting='token_mean': choose corpus_mean or batch_mean",
+        ),
     ],
 )
 def test_bad_batching_keys_are_one_line_naming_the_key_and_the_allowed_values(item, message):
@@ -371,6 +386,14 @@ def test_a_record_without_the_batching_block_reads_as_the_random_batches_it_ran(
     for config in (config_cli.load(str(tmp_path / "config.json")), spec.config_from_plain(plain)):
         order = spec.resolve(config, recorded=True).train_order
         assert (order.scheme, order.buckets) == (batching.RANDOM, batching.length_buckets(32))
+        assert order.loss_weighting == batching.BATCH_MEAN
+    # A record with the block but from before loss_weighting divided each batch by its own count.
+    plain = config_cli.to_plain(tiny.get_config())
+    del plain["batching"]["loss_weighting"]
+    plain["batching"]["scheme"] = batching.LENGTH_GROUPED
+    assert spec.resolve(spec.config_from_plain(plain), recorded=True).train_order == batching.TrainOrder(
+        batching.LENGTH_GROUPED, (16, 32), batching.GROUP_BATCHES, batching.BATCH_MEAN
+    )
     # Every committed run recorded before the key reruns as what it ran.
     committed = sorted((REPO / "docs" / "grids").glob("*/runs/*/config.json"))
     assert committed
@@ -389,21 +412,26 @@ def test_resuming_with_another_batching_is_refused_like_any_changed_key(tmp_path
     bind("log_every_steps=3")  # a neutral key: the same run
     with pytest.raises(
         workdirs.ConfigMismatch,
-        match=re.escape("config.batching.scheme: 'length_grouped' recorded, 'random' now"),
+        match=re.escape("config.batching.scheme: 'random' recorded, 'length_grouped' now"),
     ):
-        bind("batching.scheme=random")
+        bind("batching.scheme=length_grouped")
     with pytest.raises(
         workdirs.ConfigMismatch, match=re.escape("config.batching.bucket_tokens: 16 recorded, 8 now")
     ):
         bind("batching.bucket_tokens=8")
-    # A workdir recorded before the key ran random batches: resuming it under today's default is refused,
-    # and with the batching it ran it resumes.
+    with pytest.raises(
+        workdirs.ConfigMismatch,
+        match=re.escape("config.batching.loss_weighting: 'batch_mean' recorded, 'corpus_mean' now"),
+    ):
+        bind("batching.loss_weighting=corpus_mean")
+    # A workdir recorded before the key ran the doubling buckets: resuming it under today's default is
+    # refused, and with the batching it ran it resumes.
     record = json.loads((tmp_path / workdirs.CONFIG_FILE).read_text())
     del record["config"]["batching"]
     (tmp_path / workdirs.CONFIG_FILE).write_text(json.dumps(record))
-    with pytest.raises(workdirs.ConfigMismatch, match="config.batching.scheme: 'random' recorded"):
+    with pytest.raises(workdirs.ConfigMismatch, match="config.batching.bucket_tokens: 0 recorded, 16 now"):
         bind()
-    bind("batching.scheme=random,batching.bucket_tokens=0")
+    bind("batching.bucket_tokens=0")
 
 
 def test_compute_counts_each_phases_real_and_padding_tokens():

@@ -294,6 +294,7 @@ def test_gemm_products_count_the_model_flops():
         assert total == flops.step_flops(case, **shape)
 
 
+@pytest.mark.slow
 def test_gemm(tmp_path):
     out, speed = tmp_path / "gemm.json", tmp_path / "train_speed.json"
     # A train_speed result of the same shapes, reduced to what gemm reads.
@@ -366,14 +367,15 @@ def test_grouped_batches(tmp_path):
     assert _read(out)["results"] == payload["results"]
     record = payload["results"]["tiny"]
     runs = record["runs"]
-    assert set(runs) == {"old", "new"}
+    assert set(runs) == {"old", "new", "grouped"}
     for kind, run in runs.items():
         assert run["steps"] == 4 and run["cpu_s"] > 0 and run["wall_s"] > 0
         assert "accuracy" in run["dev"]
         # The run's own count (results.json compute) is the offline count of the same scheme.
-        scheme = {"old": "random / doubling", "new": "length_grouped / 16"}[kind]
+        scheme = {"old": "random / doubling", "new": "random / 16", "grouped": "length_grouped / 16"}[kind]
         assert run["real_token_share"] == record["offline"]["shares"][scheme]["real_token_share"]
     assert "| tiny | old / new |" in payload["table_markdown"]
+    assert "| tiny | old / grouped |" in payload["table_markdown"]
 
 
 @pytest.mark.slow

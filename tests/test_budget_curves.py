@@ -100,4 +100,10 @@ def test_the_learning_curve_grids_hold_out_selection_and_span_their_budgets(pres
     assert len(found) == runs
     config = grid.run_config(g, found[-1])
     assert config.data.selection_fraction == 0.1 and config.budget_steps == budgets[-1]
+    assert (config.batching.scheme, config.batching.bucket_tokens, config.batching.loss_weighting) == (
+        "random",
+        16,
+        "batch_mean",
+    )
+    assert config.nonfinite_guard == "skip_update"
     assert config.data.test_file  # test scored once per run

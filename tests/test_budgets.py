@@ -136,6 +136,7 @@ def _states(g, workdir) -> dict[str, int]:
     return {state: states.count(state) for state in set(states)}
 
 
+@pytest.mark.slow
 def test_adding_matched_cells_to_a_grid_workdir_keeps_its_finished_runs(tmp_path):
     workdir = _copy_records("docs/grids/paper_qqp_small", tmp_path)
     grid.plan_grid(

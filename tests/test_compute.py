@@ -123,6 +123,7 @@ def _tiny_grid(**changes):
     return _grid(**(settings | changes))
 
 
+@pytest.mark.slow
 def test_new_runs_record_their_compute_and_a_matched_cell_gets_its_budget(tmp_path):
     """A tiny grid end to end: each run's results.json `compute` is what run_compute derives from its
     files; stack-and-finetune built its feature cache; finetune-only at its FLOPs got the fewest steps
@@ -149,6 +150,7 @@ def test_new_runs_record_their_compute_and_a_matched_cell_gets_its_budget(tmp_pa
     assert matched["total"]["optimizer_steps"] > 3
 
 
+@pytest.mark.slow
 def test_a_run_that_reads_another_runs_cache_pays_nothing_for_it(tmp_path):
     g = _tiny_grid(
         matched="", num_seeds=2, axes="strategy=stack_and_finetune", baseline="strategy=stack_and_finetune"

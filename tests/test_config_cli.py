@@ -311,12 +311,14 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
         ),
     ],
 )
+@pytest.mark.slow
 def test_cli_config_errors_are_one_line_with_status_2(tmp_path, args, message):
     proc = _cli(*args, f"--workdir={tmp_path / 'run'}")
     assert (proc.returncode, proc.stderr, proc.stdout) == (2, f"error: {message}\n", "")
     assert not (tmp_path / "run").exists()  # nothing ran
 
 
+@pytest.mark.slow
 def test_cli_show_config_needs_no_workdir():
     proc = _cli("--config=configs/glue.py:head=esim", "--config.data.task=mrpc", "--show_config")
     assert proc.returncode == 0, proc.stderr

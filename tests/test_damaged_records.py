@@ -120,6 +120,7 @@ def test_a_cut_last_line_is_what_a_kill_leaves_and_any_other_bad_line_is_damage(
 # -- results.json in every command that reads it -----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_truncated_results_json_in_predict_export_and_ensemble(uninterrupted, tmp_path):
     run = _copy(uninterrupted, tmp_path)
     _truncate(run / "results.json")
@@ -163,6 +164,7 @@ def test_a_truncated_results_json_in_the_grid_report(tmp_path):
 # -- a run's binding records in main, and its config in predict ----------------------------------------
 
 
+@pytest.mark.slow
 def test_a_truncated_config_json_in_main_and_predict(uninterrupted, tmp_path, run_cli):
     run = _copy(uninterrupted, tmp_path)
     _truncate(run / "config.json")
@@ -192,6 +194,7 @@ def test_a_non_json_data_files_json_in_main(uninterrupted, tmp_path, run_cli):
     assert _snapshot(run) == before
 
 
+@pytest.mark.slow
 def test_metrics_jsonl_damaged_before_its_last_line_in_main(uninterrupted, tmp_path, run_cli):
     run = _copy(uninterrupted, tmp_path)
     lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
@@ -215,6 +218,7 @@ def _largest_file(folder: Path) -> Path:
     return max((p for p in folder.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
 
 
+@pytest.mark.slow
 def test_a_truncated_checkpoint_array_in_predict_and_export(uninterrupted, tmp_path):
     run = _copy(uninterrupted, tmp_path)
     boundary = checkpointing.phase_end_path(run, "phase2")
@@ -232,6 +236,7 @@ def test_a_truncated_checkpoint_array_in_predict_and_export(uninterrupted, tmp_p
     assert not (tmp_path / "out.jsonl").exists() and not (tmp_path / "export").exists()
 
 
+@pytest.mark.slow
 def test_flipped_bytes_of_the_right_size_in_a_best_checkpoint_in_predict(uninterrupted, tmp_path):
     run = _copy(uninterrupted, tmp_path)
     (best,) = (run / "checkpoints" / "best").glob("[0-9]*")
@@ -307,6 +312,7 @@ def test_a_non_finite_final_loss_is_no_result(tmp_path):
 # -- what predict and export take from the tokenizer ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_predict_and_export_refuse_tokenizer_files_changed_since_the_run(uninterrupted, tmp_path):
     from stackft_jax.models import bert
 

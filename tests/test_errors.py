@@ -181,6 +181,7 @@ def test_a_comma_inside_a_value_is_named_not_blamed_on_a_preset():
     )
 
 
+@pytest.mark.slow
 def test_run_and_grid_configs_swapped_between_commands_name_the_command(tmp_path):
     grid_file = tmp_path / "grid.py"
     grid_file.write_text(
@@ -231,6 +232,7 @@ def _copied_fixture(tmp_path: Path) -> tuple[Path, Path]:
     return data / "train.tsv", data / "dev.tsv"
 
 
+@pytest.mark.slow
 def test_a_data_file_changed_after_a_run_is_refused_naming_it(tmp_path):
     train_file, dev_file = _copied_fixture(tmp_path)
     config = tiny.get_config(f"{SHORT},data.train_file={train_file},data.dev_file={dev_file}")
@@ -265,6 +267,7 @@ def test_a_data_file_changed_after_a_run_is_refused_naming_it(tmp_path):
     )  # the new run's own evaluations only
 
 
+@pytest.mark.slow
 def test_tokenizer_files_changed_after_a_run_are_refused_naming_them(tmp_path):
     from stackft_jax.models import bert
 
@@ -293,6 +296,7 @@ def test_tokenizer_files_changed_after_a_run_are_refused_naming_them(tmp_path):
     assert (workdir / "predictions" / "dev.jsonl").read_bytes() == predictions
 
 
+@pytest.mark.slow
 def test_another_strategy_on_purpose_starts_over_and_sets_the_old_run_aside(tmp_path, caplog):
     workdir = tmp_path / "run"
     train.run(tiny.get_config(f"{SHORT},final_params=best"), workdir)

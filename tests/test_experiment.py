@@ -126,6 +126,7 @@ def test_a_grid_shares_one_feature_cache_between_its_cells(tmp_path):
     assert spec.config_from_plain(old).feature_cache_dir == "/y"
 
 
+@pytest.mark.slow
 def test_frozen_phases_of_a_grid_share_their_dev_and_gap_subset_features(tmp_path):
     g = _grid(
         base="configs/tiny.py:strategy=stack_only,phase1.num_steps=4,phase1.gap_eval_examples=8,eval_every_steps=2",
@@ -140,6 +141,7 @@ def test_frozen_phases_of_a_grid_share_their_dev_and_gap_subset_features(tmp_pat
     assert not list((tmp_path / "runs").glob("*/feature_cache"))
 
 
+@pytest.mark.slow
 def test_a_bundled_axis_value_sets_several_keys_and_is_named_by_its_label(tmp_path):
     g = _grid(
         base="configs/tiny.py:phase1.num_steps=2,phase2.num_steps=2",
@@ -518,6 +520,7 @@ def _fake_training(monkeypatch, g, workdir) -> list[str]:
     return trained
 
 
+@pytest.mark.slow
 def test_a_grid_reuses_the_runs_another_grid_finished_with_the_same_config(monkeypatch, tmp_path):
     monkeypatch.chdir(REPO)
     first, second = tmp_path / "first", tmp_path / "second"
@@ -808,6 +811,7 @@ def test_the_bootstrap_recomputes_entity_f1_and_test_is_shown_beside_dev(tmp_pat
     assert row["test"]["tost"]["margin"] == report["statistics"]["equivalence_margin"]
 
 
+@pytest.mark.slow
 def test_test_rows_are_read_as_dev_holm_over_the_test_table_tost_and_a_power_line(tmp_path):
     from statsmodels.stats.multitest import multipletests
     from statsmodels.stats.weightstats import ttost_paired
@@ -1239,6 +1243,7 @@ def test_the_report_shows_what_each_phase_trained_where_runs_recorded_it(tmp_pat
     assert "trained per phase" not in (tmp_path / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_the_report_gives_each_matched_cell_its_planned_budget_beside_the_realized_one(tmp_path):
     """A matched cell gets the compared cell's planned cost alone (budgets.py); the report prints that
     plan, the steps it bought and what the compared cell's runs realized in the same unit."""

@@ -57,6 +57,7 @@ def exported(uninterrupted, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_transformers_loads_the_trained_encoder(exported, uninterrupted):
     assert {"config.json", "model.safetensors", "vocab.txt", "head.safetensors", "README.md"} <= {
         p.name for p in exported.iterdir()
@@ -81,6 +82,7 @@ def test_head_config_and_model_card(exported, uninterrupted):
     assert f'from_pretrained("{exported.name}")' in card and ".tmp-" not in card  # the final name
 
 
+@pytest.mark.slow
 def test_predict_on_the_export_equals_predict_on_the_workdir(exported, uninterrupted, tmp_path):
     out = tmp_path / "dev.jsonl"
     proc = _cli(
@@ -218,6 +220,7 @@ def test_minilm_run_exports_to_transformers(run_cli, tmp_path):
     _check_encoder(out, opening.open_workdir(tmp_path / "run"))
 
 
+@pytest.mark.slow
 def test_export_never_replaces_a_run_or_a_folder_it_did_not_write(uninterrupted, tmp_path):
     before = {
         p: p.read_bytes() for p in sorted(uninterrupted.rglob("*")) if p.is_file() and "locks" not in p.parts

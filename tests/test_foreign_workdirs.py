@@ -94,6 +94,7 @@ def test_main_refuses_another_tools_results_before_writing_anything(tmp_path, ru
     assert _snapshot(folder) == before
 
 
+@pytest.mark.slow
 def test_main_refuses_an_export_a_model_folder_and_a_grid(exported, tmp_path, run_cli):
     from stackft_jax.models import bert
 
@@ -133,6 +134,7 @@ def test_experiment_refuses_a_runs_workdir_before_writing_anything(uninterrupted
     assert _snapshot(run) == before
 
 
+@pytest.mark.slow
 def test_export_overwrite_replaces_its_own_files_and_keeps_what_was_added(exported, uninterrupted, tmp_path):
     out = tmp_path / "export"
     shutil.copytree(exported, out)

@@ -53,6 +53,7 @@ def _tiny_glue(task: str, train_file, head: str = "cls_mlp"):
     return config
 
 
+@pytest.mark.slow
 def test_sst2_single_sentence_and_an_unlabelled_test_file(tmp_path):
     _write_sst2(tmp_path / "sst2.tsv")
     config = _tiny_glue("sst2", tmp_path / "sst2.tsv")
@@ -77,6 +78,7 @@ def test_stsb_regression_with_a_pair_head(tmp_path):
     assert results["phases"][0]["stop_reason"].startswith("step budget")
 
 
+@pytest.mark.slow
 def test_stsb_gap_rule_compares_pearson(tmp_path):
     """The phase-1 gap rule reads the task's declared gap metric: on STS-B (no accuracy) it fires on
     pearson instead of scoring train rows to no effect."""

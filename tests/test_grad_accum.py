@@ -40,7 +40,9 @@ def _setup():
     return config, task, graphdef, state.to_pure_dict(), batch, phase
 
 
-def _one_step(setup, *, grad_accum_steps: int, with_norms: bool = False):
+def _one_step(
+    setup, *, grad_accum_steps: int, with_norms: bool = False, loss_denominator: float | None = None
+):
     config, task, graphdef, params, batch, phase = setup
     mesh = sharding.make_mesh(jax.devices()[:1])
     phase_step = loop.build_phase_step(
@@ -53,6 +55,7 @@ def _one_step(setup, *, grad_accum_steps: int, with_norms: bool = False):
         seed=0,
         max_grad_norm=1.0,
         grad_accum_steps=grad_accum_steps,
+        loss_denominator=loss_denominator,
     )
     state = steps.TrainState(**phase_step.init_state(params))
     for _ in range(2):  # the first step's warmup learning rate is 0
@@ -72,6 +75,22 @@ def test_micro_batches_make_the_step_of_the_whole_batch():
     # And the step moved the parameters (an update of zero would match too).
     moved = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.abs(a - b).max()), whole, setup[3]))
     assert max(moved) > 1e-4
+
+
+def test_corpus_mean_divides_the_summed_loss_by_the_expected_count():
+    # batching.corpus_mean: the gradient is the batch's summed loss over a fixed count. At the batch's
+    # own count it is the batch's mean (batch_mean's step); at twice that, half the gradient; either
+    # way the logged loss stays the batch's mean. With micro-batches, the same step.
+    setup = _setup()
+    whole, m1 = _one_step(setup, grad_accum_steps=1, loss_denominator=None)
+    own, m_own = _one_step(setup, grad_accum_steps=1, loss_denominator=float(ROWS - 3))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), own, whole)
+    half, m_half = _one_step(setup, grad_accum_steps=1, loss_denominator=2.0 * (ROWS - 3))
+    np.testing.assert_allclose(m_half["grad_norm"], m1["grad_norm"] / 2, rtol=1e-5)
+    np.testing.assert_allclose(m_half["loss"], m1["loss"], rtol=1e-6)
+    accumulated, m_acc = _one_step(setup, grad_accum_steps=4, loss_denominator=2.0 * (ROWS - 3))
+    np.testing.assert_allclose(m_acc["grad_norm"], m_half["grad_norm"], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), accumulated, half)
 
 
 def test_norms_variant_changes_only_the_metrics():

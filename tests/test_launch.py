@@ -429,6 +429,7 @@ def test_run_rejects_a_cloud_storage_workdir_and_an_explicit_workdir_flag(tpu):
     assert result.returncode != 0 and "set WORKDIR instead" in result.stderr
 
 
+@pytest.mark.slow
 def test_backup_lets_a_recreated_vm_resume_and_outlives_it(tpu, tmp_path):
     """Preemption: VM and disk are gone; the same run.sh on a new VM resumes from the mirror."""
     tpu.install()

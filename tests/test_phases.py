@@ -336,6 +336,7 @@ def test_gradual_unfreezing_leaves_still_frozen_layers_bit_identical_at_every_bo
     assert "boundary" in results["phases"][0] and all("boundary" not in p for p in results["phases"][1:])
 
 
+@pytest.mark.slow
 def test_lp_ft_needs_a_linear_head_and_probes_then_fine_tunes(tmp_path):
     with pytest.raises(ConfigError, match="lp_ft trains a linear probe first.*'cls_mlp' is not linear"):
         spec.resolve(tiny.get_config("strategy=lp_ft"))
@@ -349,6 +350,7 @@ def test_lp_ft_needs_a_linear_head_and_probes_then_fine_tunes(tmp_path):
     assert probe["boundary"]["head_param_norm"] == pytest.approx(float(optax.tree.norm(head)), rel=1e-6)
 
 
+@pytest.mark.slow
 def test_boundary_of_a_frozen_backbone_phase(three_phase_run):
     head, top, _ = _results(three_phase_run)["phases"]
     boundary = head["boundary"]
@@ -371,6 +373,7 @@ def test_boundary_of_a_frozen_backbone_phase(three_phase_run):
     )
 
 
+@pytest.mark.slow
 def test_temperature_scaling_of_the_final_model(tmp_path):
     config = tiny.get_config("strategy=finetune_only,calibration.temperature=true")
     results = train.run(config, tmp_path)

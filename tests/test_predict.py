@@ -38,6 +38,7 @@ def conll_run(tmp_path_factory, run_cli) -> Path:
     return workdir
 
 
+@pytest.mark.slow
 def test_predict_on_the_dev_file_reproduces_the_runs_predictions_byte_for_byte(uninterrupted, tmp_path):
     before = _snapshot(uninterrupted)
     out, scores = tmp_path / "dev.jsonl", tmp_path / "scores.json"
@@ -84,6 +85,7 @@ def test_line_inputs_give_label_names_and_refuse_to_overwrite(uninterrupted, tmp
     ]
 
 
+@pytest.mark.slow
 def test_stdin_is_answered_line_by_line(uninterrupted):
     cmd = [
         sys.executable,
@@ -201,6 +203,7 @@ def test_refusals_name_the_file_and_line(tmp_path):
         inference.read_input(topics, sample_path("yahoo_dev.csv"))
 
 
+@pytest.mark.slow
 def test_cli_refusal_is_one_line_before_any_compute(uninterrupted, tmp_path):
     proc = _predict_cli(f"--workdir={uninterrupted}", f"--input={sample_path('conll_dev.txt')}", "--output=-")
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1
@@ -253,6 +256,7 @@ def test_a_labelled_file_scores_as_the_runs_test_file_does(run_cli, tmp_path):
     assert predicted["accuracy"] == run_scores["accuracy"] and predicted["f1"] == run_scores["f1"]
 
 
+@pytest.mark.slow
 def test_predict_never_writes_over_a_run_or_its_own_input(uninterrupted, tmp_path):
     before = _snapshot(uninterrupted)
     dev = uninterrupted / "predictions" / "dev.jsonl"

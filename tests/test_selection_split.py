@@ -56,6 +56,7 @@ def test_recorded_runs_without_the_key_read_as_off():
     assert spec.recorded_binding_form(old, current.raw) == spec.binding_form(current)
 
 
+@pytest.mark.slow
 def test_selection_reads_the_slice_and_dev_and_test_are_only_reported(tmp_path):
     """The phase-1 gap rule (any gap exceeds -1) stops at its first evaluation, of the slice; every
     evaluation of the loop is of the slice; final scoring reports dev and test and scores the slice."""

@@ -160,6 +160,7 @@ class _SigtermWhenPhaseEnds(loop.LoopObserver):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+@pytest.mark.slow
 def test_a_signal_after_the_last_step_stops_at_the_phase_boundary(uninterrupted, tmp_path):
     """The flag set after the loop's last check used to be forgotten: the last phase finished and the
     run exited 0 after promising to save and stop (Ctrl-C under load in the CLI drill)."""
@@ -191,6 +192,7 @@ def test_object_store_workdir_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("strategy", ["finetune_only", "stack_only"])
+@pytest.mark.slow
 def test_single_phase_strategies(strategy, tmp_path):
     config = tiny.get_config(f"strategy={strategy}")
     config.model.scalar_mix = strategy == "stack_only"
@@ -200,6 +202,7 @@ def test_single_phase_strategies(strategy, tmp_path):
     assert 0.0 <= results["final"]["dev"]["accuracy"] <= 1.0
 
 
+@pytest.mark.slow
 def test_final_scoring_reuses_the_last_steps_dev_evaluation(tmp_path, monkeypatch):
     # A phase that ends on a dev evaluation has scored the final parameters already: scoring them again
     # would double the run's largest evaluation cost. Its scores and predictions are the final ones.
@@ -227,6 +230,7 @@ def test_final_scoring_reuses_the_last_steps_dev_evaluation(tmp_path, monkeypatc
     assert [c for c in calls if c[0] == "dev"] == [("dev", None)] * 3
 
 
+@pytest.mark.slow
 def test_gap_rule_stops_phase1_early(tmp_path):
     config = tiny.get_config()
     config.phase1.max_train_dev_gap = -1.0  # any gap at all exceeds this
@@ -236,6 +240,7 @@ def test_gap_rule_stops_phase1_early(tmp_path):
     assert phase1["steps"] == 3 and "gap" in phase1["stop_reason"]
 
 
+@pytest.mark.slow
 def test_a_stop_rule_that_ends_a_phase_on_an_unlearned_head_is_recorded_and_warned(tmp_path, caplog):
     # A dev split of one class: whatever the head predicts, it is at or below the majority class there,
     # so the gap rule (which fires at the first evaluation) stops a head that has not learned the task.
@@ -275,6 +280,7 @@ def test_architecture_overrides_need_random_init():
     assert bert_config.hidden_dropout_prob == bert_config.attention_probs_dropout_prob == 0.2
 
 
+@pytest.mark.slow
 def test_log_windows_report_throughput_without_evaluation_time(tmp_path, monkeypatch):
     # Every log window's rates count its training steps only: an evaluation inside the window (here
     # slowed to 1.5 s after steps 1 and 3, which do not log) and compilation are left out.

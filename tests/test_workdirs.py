@@ -56,6 +56,7 @@ def test_bind_config_records_refuses_and_allows_on_purpose(tmp_path):
     assert json.loads(history)["record"] == first
 
 
+@pytest.mark.slow
 def test_a_run_refused_before_any_work_does_not_bind_its_workdir(tmp_path):
     """A schedule whose rule labels no parameter fails after the workdir is bound but before anything is
     written: the corrected config then runs there without --allow_config_change."""
@@ -72,6 +73,7 @@ def test_a_run_refused_before_any_work_does_not_bind_its_workdir(tmp_path):
     assert len((tmp_path / "config_history.jsonl").read_text().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_rerun_with_another_seed_is_refused_before_any_work(tmp_path):
     train.run(tiny.get_config("phase1.num_steps=2,phase2.num_steps=2"), tmp_path)
     results_before = (tmp_path / "results.json").read_text()
@@ -94,6 +96,7 @@ def _edit_record(workdir, edit) -> None:
     path.write_text(json.dumps(record))
 
 
+@pytest.mark.slow
 def test_an_older_record_resumes_when_only_unused_or_newer_keys_differ(tmp_path):
     """Binding compares what the run uses: a record written before a head or a key with a default
     existed (no `head.bimpm` block, no `boundary_train_examples`), with a key removed since, still
@@ -118,6 +121,7 @@ def test_an_older_record_resumes_when_only_unused_or_newer_keys_differ(tmp_path)
         train.run(tiny.get_config(f"{args},head.cls_mlp.hidden_dim=8"), tmp_path)
 
 
+@pytest.mark.slow
 def test_a_written_schedule_recorded_before_a_block_key_resumes(tmp_path):
     args = "three_phases,phases.0.num_steps=2,phases.1.num_steps=2,phases.2.num_steps=2"
     first = train.run(tiny.get_config(args), tmp_path)

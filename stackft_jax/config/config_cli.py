@@ -38,7 +38,12 @@ SHORTHANDS = {"task": "data.task", "head": "head.name"}
 _BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 OVERRIDE_PREFIX = "--config."
 # What runs recorded before config.batching existed ran (data/batching.py's random scheme).
-LEGACY_BATCHING = {"scheme": "random", "bucket_tokens": 0, "group_batches": 50}
+LEGACY_BATCHING = {
+    "scheme": "random",
+    "bucket_tokens": 0,
+    "group_batches": 50,
+    "loss_weighting": "batch_mean",
+}
 # The non-finite guard of every run recorded before config.nonfinite_guard (training/steps.py).
 LEGACY_NONFINITE_GUARD = "select"
 
@@ -425,7 +430,8 @@ def with_legacy_keys(plain: Mapping[str, Any]) -> dict[str, Any]:
     """A recorded config (JSON form) with the keys it predates set to what its run did: phases without
     `gap_metric` compared the task's `legacy_gap_metric` (token accuracy on NER, not entity F1); a
     `feature_cache_dir` in a phase block (before it became a run option) is the run's; a config without
-    the `batching` block drew random batches in the doubling buckets (data/batching.py); a CoNLL run
+    the `batching` block drew random batches in the doubling buckets (data/batching.py), and one without
+    `batching.loss_weighting` divided each batch's loss by its own count; a CoNLL run
     without `data.entity_f1` read strict IOB2 entity F1 (before conlleval's became the default); a model
     without `attention` ran the einsum path, without `remat` kept every activation (every record has
     `dtype`); a FLOPs-matched run without `matched_budget.head_flops` was planned counting the light heads
@@ -434,6 +440,8 @@ def with_legacy_keys(plain: Mapping[str, Any]) -> dict[str, Any]:
     plain = copy.deepcopy(dict(plain))
     plain.setdefault("batching", dict(LEGACY_BATCHING))
     plain.setdefault("nonfinite_guard", LEGACY_NONFINITE_GUARD)
+    if isinstance(plain["batching"], dict):  # recorded before batching.loss_weighting: each batch's mean
+        plain["batching"].setdefault("loss_weighting", "batch_mean")
     matched = plain.get("matched_budget")
     if isinstance(matched, dict) and str(matched.get("rule", "")).split(".")[0] == "flops":
         matched.setdefault("head_flops", "light")

@@ -43,15 +43,22 @@ def get_config() -> ml_collections.ConfigDict:
     c.per_device_batch_size = 32  # training batch per device; global batch = this x device count
     c.eval_per_device_batch_size = 64  # evaluation batch per device (does not change results)
     # How training draws its batches (stackft_jax/data/batching.py). Runs recorded before this block
-    # read as scheme=random, bucket_tokens=0 (what they ran).
+    # read as scheme=random, bucket_tokens=0, loss_weighting=batch_mean (what they ran).
     c.batching = ml_collections.ConfigDict()
-    # length_grouped (each mega-batch of group_batches batches sorted by length, batches in random
-    # order: less padding) | random (each epoch's permutation cut in order)
-    c.batching.scheme = "length_grouped"
+    # random (each epoch's permutation cut in order: the composition every recorded run trained on) |
+    # length_grouped (each mega-batch of group_batches batches sorted by length, batches in random order:
+    # a third of the padding, but on CoNLL-2003 at 300 steps every grouped run scored below every random
+    # one, about 1 F1 point; benchmarks/RESULTS.md §12)
+    c.batching.scheme = "random"
     # Training batches pad to the next multiple of this (or max_seq_length): a phase's train step compiles
     # at most ceil(max_seq_length / bucket_tokens) times; 0: the doubling buckets 32, 64, ..., max_seq_length
     c.batching.bucket_tokens = 16
     c.batching.group_batches = 50  # length_grouped: batches per mega-batch sorted by length
+    # batch_mean (a batch's summed loss over its own count of real rows or tagging words: its mean) |
+    # corpus_mean (over the count a batch holds on average over the training split, so every row or word
+    # weighs the same in every batch; meant for length_grouped, whose batches of short sentences hold a
+    # tenth of the words of its batches of long ones)
+    c.batching.loss_weighting = "batch_mean"
 
     c.model = ml_collections.ConfigDict()
     # Hub id or local folder of a BERT, RoBERTa, XLM-R, ELECTRA or DistilBERT (config.json model_type),

@@ -372,6 +372,7 @@ def _train_order(config: ml_collections.ConfigDict) -> batching.TrainOrder:
     """config.batching, checked against max_seq_length (a bucket list that fits it, a bounded count)."""
     block = config.batching
     _choice("batching.scheme", block.scheme, batching.SCHEMES)
+    _choice("batching.loss_weighting", block.loss_weighting, batching.LOSS_WEIGHTINGS)
     width, length = block.bucket_tokens, config.max_seq_length
     if width != 0 and not MIN_SEQ_LENGTH <= width <= length:
         raise ConfigError(
@@ -384,7 +385,11 @@ def _train_order(config: ml_collections.ConfigDict) -> batching.TrainOrder:
             "sorted by length)"
         )
     return batching.TrainOrder.of(
-        block.scheme, max_seq_length=length, bucket_tokens=width, group_batches=block.group_batches
+        block.scheme,
+        max_seq_length=length,
+        bucket_tokens=width,
+        group_batches=block.group_batches,
+        loss_weighting=block.loss_weighting,
     )
 
 

@@ -10,16 +10,25 @@ With B fixed and L drawn from `buckets`, a jitted step compiles at most len(buck
 Training batches are a pure function of (seed, step), so resuming needs only the step number.
 
 How training draws its rows (`config.batching.scheme`, `TrainOrder`):
-  random          each epoch a fresh permutation, cut into consecutive batches (the runs recorded
-                  before the key existed ran this)
+  random          each epoch a fresh permutation, cut into consecutive batches (the default; the
+                  runs recorded before the key existed ran this too)
   length_grouped  the same permutation cut into mega-batches of `group_batches` batches; each mega-batch
                   sorted by length and cut into batches, so a batch holds rows of similar length and
                   pads little; then the epoch's batches in a seeded random order. Every row is still
                   seen once per epoch (the same rows as random's), but rows of similar length share
-                  batches: a batch's composition follows length, which is why its dev scores are
-                  checked against the seed-to-seed spread (benchmarks/RESULTS.md).
+                  batches: a batch's composition follows length. Opt-in: on CoNLL-2003 at 300
+                  steps its dev F1 fell below random batches' seed-to-seed spread
+                  (benchmarks/RESULTS.md §12).
 Training buckets are every `bucket_tokens` tokens up to max_seq_length (`train_buckets`): a phase's
 train step compiles at most ceil(max_seq_length / bucket_tokens) times (8 at 128 tokens in steps of 16).
+
+What a batch's summed loss is divided by (`config.batching.loss_weighting`, `TrainOrder.loss_weighting`):
+  batch_mean   the batch's own count of real rows (or, tagging, real words): each batch's mean loss (the
+               default, and what the runs recorded before the key existed ran)
+  corpus_mean  the count a batch holds on average over the training split (`expected_count`): every
+               row or word weighs the same whichever batch it lands in. Under length grouping a batch
+               of 32 one-line headlines holds a tenth of the words of a batch of long sentences; with
+               batch_mean each of its words would weigh ten times as much.
 """
 
 import dataclasses
@@ -50,6 +59,8 @@ def length_buckets(max_seq_length: int, min_bucket: int = 32) -> tuple[int, ...]
 RANDOM, LENGTH_GROUPED = "random", "length_grouped"
 SCHEMES = (LENGTH_GROUPED, RANDOM)
 GROUP_BATCHES = 50  # batches per length-sorted mega-batch (the default of config.batching.group_batches)
+BATCH_MEAN, CORPUS_MEAN = "batch_mean", "corpus_mean"
+LOSS_WEIGHTINGS = (CORPUS_MEAN, BATCH_MEAN)
 
 
 def train_buckets(max_seq_length: int, bucket_tokens: int) -> tuple[int, ...]:
@@ -64,23 +75,48 @@ def train_buckets(max_seq_length: int, bucket_tokens: int) -> tuple[int, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class TrainOrder:
-    """How a phase's training batches are drawn (module docstring): `scheme` in SCHEMES, the batch
-    lengths `buckets`, and for length_grouped the batches per sorted mega-batch."""
+    """How a phase's training batches are drawn and weighed (module docstring): `scheme` in SCHEMES, the
+    batch lengths `buckets`, for length_grouped the batches per sorted mega-batch, and what a batch's
+    summed loss is divided by (`loss_weighting` in LOSS_WEIGHTINGS)."""
 
     scheme: str = RANDOM
     buckets: tuple[int, ...] = (128,)
     group_batches: int = GROUP_BATCHES
+    loss_weighting: str = BATCH_MEAN
 
     @classmethod
-    def of(cls, scheme: str, *, max_seq_length: int, bucket_tokens: int, group_batches: int) -> "TrainOrder":
+    def of(
+        cls,
+        scheme: str,
+        *,
+        max_seq_length: int,
+        bucket_tokens: int,
+        group_batches: int,
+        loss_weighting: str = BATCH_MEAN,
+    ) -> "TrainOrder":
         if scheme not in SCHEMES:
             raise ValueError(f"unknown batching scheme {scheme!r}: choose {' or '.join(SCHEMES)}")
-        return cls(scheme, train_buckets(max_seq_length, bucket_tokens), group_batches)
+        if loss_weighting not in LOSS_WEIGHTINGS:
+            choices = " or ".join(LOSS_WEIGHTINGS)
+            raise ValueError(f"unknown loss weighting {loss_weighting!r}: choose {choices}")
+        return cls(scheme, train_buckets(max_seq_length, bucket_tokens), group_batches, loss_weighting)
+
+    def loss_denominator(self, train: Dataset, global_batch_size: int) -> float | None:
+        """What the train step divides a batch's summed loss by: None, the batch's own count
+        (batch_mean); else `expected_count` (corpus_mean)."""
+        return None if self.loss_weighting == BATCH_MEAN else expected_count(train, global_batch_size)
 
     @property
     def max_compilations(self) -> int:
         """Train-step compilations per phase at most: one per bucket."""
         return len(self.buckets)
+
+
+def expected_count(train: Dataset, global_batch_size: int) -> float:
+    """The count a training batch holds on average, in the objectives' unit (models/objectives.py): real
+    words for a tagging task (its `num_words`), else rows (every training row is real)."""
+    per_row = float(np.mean(train["num_words"])) if "num_words" in train else 1.0
+    return global_batch_size * per_row
 
 
 def steps_per_epoch(num_examples: int, global_batch_size: int) -> int:

@@ -131,6 +131,7 @@ def build_phase_step(
     max_grad_norm: float,
     grad_accum_steps: int = 1,
     nonfinite_guard: str = "skip_update",
+    loss_denominator: float | None = None,
 ) -> PhaseStep:
     """The phase's optimizer state initialiser and jitted train steps (also what benchmarks time)."""
     replicated = sharding.replicated(mesh)
@@ -161,6 +162,7 @@ def build_phase_step(
                 grad_accum_steps=grad_accum_steps,
                 max_grad_norm=max_grad_norm,
                 nonfinite_guard=nonfinite_guard,
+                loss_denominator=loss_denominator,
             )
 
         if with_norms:  # its own name in compile logs: it compiles when a logged step first meets a bucket
@@ -759,6 +761,9 @@ def run_phase(
         max_grad_norm=ctx.spec.max_grad_norm,
         grad_accum_steps=ctx.spec.grad_accum_steps,
         nonfinite_guard=ctx.spec.nonfinite_guard,
+        loss_denominator=ctx.train_order.loss_denominator(
+            ctx.datasets["train"].arrays, ctx.global_batch_size
+        ),
     )
     checkpoints = _Checkpoints.open(ctx, phase, trained=trained, frozen=frozen)
     progress = _restore_or_start(ctx, phase, phase_step, checkpoints, params, global_offset, best)

@@ -79,6 +79,7 @@ def train_step(
     grad_accum_steps: int = 1,
     max_grad_norm: float = 0.0,
     nonfinite_guard: str = "skip_update",
+    loss_denominator: float | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step. Frozen leaves (`trainable` False) enter the forward pass behind
     `stop_gradient`, so no backward pass runs through a frozen backbone, and they are returned untouched
@@ -92,7 +93,9 @@ def train_step(
     `max_grad_norm` > 0 clips the gradients here, with the norm the step computes anyway, as
     `optax.clip_by_global_norm` would (loop.build_phase_step builds `tx` without its own clip): one pass
     over the gradients fewer. `nonfinite_guard` (static): how a non-finite step leaves the state as
-    it was, "skip_update" or "select" (below)."""
+    it was, "skip_update" or "select" (below). `loss_denominator` (static) is what the batch's summed
+    loss is divided by for the gradient (batching.TrainOrder.loss_denominator); None: the batch's own
+    count. The logged `loss` is the batch's mean either way."""
     # Dropout masks depend only on (seed, phase, step): a resumed run draws the same ones.
     step_key = jax.random.fold_in(dropout_key, state.step)
     if grad_accum_steps == 1:
@@ -104,6 +107,7 @@ def train_step(
             graphdef=graphdef,
             objective=objective,
             backbone_deterministic=backbone_deterministic,
+            loss_denominator=loss_denominator,
         )
     else:
         loss, stats, grads = _accumulated(
@@ -115,7 +119,10 @@ def train_step(
             objective,
             backbone_deterministic,
             grad_accum_steps,
+            loss_denominator,
         )
+    if loss_denominator is not None:  # the log reads the batch's mean, whatever the gradient divides by
+        loss = stats["loss_sum"] / jnp.maximum(stats["count"], 1.0)
     trainable_grads = jax.tree.map(lambda t, g: g if t else None, trainable, grads)
     grad_norm = optax.tree.norm(trainable_grads)
     # Checked here, every step; the host reads the flag only when it logs, evaluates or saves, so the
@@ -196,19 +203,21 @@ def loss_and_grads(
     graphdef: nnx.GraphDef,
     objective: Objective,
     backbone_deterministic: bool,
+    loss_denominator: float | None = None,
 ) -> tuple[tuple[jax.Array, dict[str, jax.Array]], Any]:
-    """((mean loss, stats), gradients) of one batch: the step before its optimizer tail (what
-    benchmarks/profile_step.py --tail subtracts to measure that tail)."""
+    """((loss, stats), gradients) of one batch, the loss its mean (or its sum over `loss_denominator`):
+    the step before its optimizer tail (what benchmarks/profile_step.py --tail subtracts to measure
+    that tail)."""
     return jax.value_and_grad(_trainable_loss, has_aux=True)(
-        params, batch, dropout_key, trainable, graphdef, objective, backbone_deterministic, True
+        params, batch, dropout_key, trainable, graphdef, objective, backbone_deterministic, loss_denominator
     )
 
 
 def _trainable_loss(
-    params, batch, key, trainable, graphdef, objective, backbone_deterministic, mean
+    params, batch, key, trainable, graphdef, objective, backbone_deterministic, denominator
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The batch's loss (its mean over real rows, or with `mean` False its sum) with frozen leaves
-    behind `stop_gradient`."""
+    """The batch's loss with frozen leaves behind `stop_gradient`: its mean over its real rows (or
+    words) with `denominator` None, else its sum divided by `denominator` (1.0: the sum)."""
     params = jax.tree.map(lambda t, p: p if t else jax.lax.stop_gradient(p), trainable, params)
     loss, stats = mean_loss(
         params,
@@ -218,16 +227,25 @@ def _trainable_loss(
         dropout_key=key,
         backbone_deterministic=backbone_deterministic,
     )
-    return (loss if mean else stats["loss_sum"]), stats
+    return (loss if denominator is None else stats["loss_sum"] / denominator), stats
 
 
 def _accumulated(
-    params, batch, step_key, trainable, graphdef, objective, backbone_deterministic, k: int
+    params,
+    batch,
+    step_key,
+    trainable,
+    graphdef,
+    objective,
+    backbone_deterministic,
+    k: int,
+    loss_denominator: float | None,
 ) -> tuple[jax.Array, dict[str, jax.Array], Any]:
     """Mean loss, summed stats and gradients of the batch over `k` micro-batches in a `lax.scan`.
     Micro-batch j is rows j, j+k, j+2k, ...: each device's shard of the batch holds its share of every
     micro-batch, so no micro-batch waits on a subset of the devices. Summed losses, divided once by the
-    batch's count, make the gradient the whole batch's (not a mean of micro-batch means)."""
+    batch's count (or `loss_denominator`), make the gradient the whole batch's (not a mean of
+    micro-batch means)."""
     micro = jax.tree.map(lambda x: jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1), batch)
     grad_fn = jax.grad(_trainable_loss, has_aux=True)
 
@@ -236,7 +254,7 @@ def _accumulated(
         index, micro_batch = inputs
         key = jax.random.fold_in(step_key, index)
         grads, stats = grad_fn(
-            params, micro_batch, key, trainable, graphdef, objective, backbone_deterministic, False
+            params, micro_batch, key, trainable, graphdef, objective, backbone_deterministic, 1.0
         )
         add = functools.partial(jax.tree.map, jnp.add)
         return (add(grads_sum, grads), add(stats_sum, stats)), None
@@ -244,13 +262,14 @@ def _accumulated(
     first = jax.tree.map(lambda x: x[0], micro)
     stats_shape = jax.eval_shape(
         lambda: _trainable_loss(
-            params, first, step_key, trainable, graphdef, objective, backbone_deterministic, False
+            params, first, step_key, trainable, graphdef, objective, backbone_deterministic, 1.0
         )[1]
     )
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (jax.eval_shape(lambda: params), stats_shape))
     (grads, stats), _ = jax.lax.scan(body, zeros, (jnp.arange(k), micro))
     count = jnp.maximum(stats["count"], 1.0)
-    grads = jax.tree.map(lambda g: g / count.astype(g.dtype), grads)
+    divisor = count if loss_denominator is None else loss_denominator
+    grads = jax.tree.map(lambda g: g / jnp.asarray(divisor, g.dtype), grads)
     return stats["loss_sum"] / count, stats, grads
 
 
