@@ -19,7 +19,10 @@ One short run with the selection slice, timed on 2026-11-28 on that machine at a
 processes on 2 cores): QQP finetune-only cls_mlp, 60 steps (`budget_steps=60`, test grid base, slice
 0.1: 15,747 pairs left to train, 1,750 to select on), 720 s of wall time: 491 s for the phase (130 s of
 it compiling the train step, then 3-5 s per step) and about 100 s per 3,000-pair evaluation pass (dev,
-test). At that load the estimates below about double; "No wasted tokens" batching should cut them.
+test). At that load the estimates below about double. Alone on the machine, a 300-step fine-tuning run
+took 275 s on CoNLL and 125-221 s on QQP (benchmarks/RESULTS.md §12); the default batching's finer
+buckets do not shorten a 300-step run (more shapes to compile), and length grouping, which would, scored
+lower.
 """
 
 import ml_collections
