@@ -110,19 +110,17 @@ def raw_windows(config, window: int, windows: int) -> list[float]:
         options=task.encoding_options(run_spec.data.as_mapping()),
     )
     (phase,) = run_spec.plan(1)  # finetune_only: one phase; its budget is in steps
-    phase_step = loop.build_phase_step(
+    global_batch = sharding.global_batch_size(run_spec.per_device_batch_size, mesh)
+    phase_step = loop.build_run_phase_step(
+        run_spec,
         phase,
         0,
         params,
         graphdef=graphdef,
-        objective=task.objective,
         mesh=mesh,
-        seed=run_spec.seed,
-        max_grad_norm=run_spec.max_grad_norm,
-        grad_accum_steps=run_spec.grad_accum_steps,
-        nonfinite_guard=run_spec.nonfinite_guard,
+        train=dataset,
+        global_batch_size=global_batch,
     )
-    global_batch = sharding.global_batch_size(run_spec.per_device_batch_size, mesh)
     feed = loop.batch_feed(
         dataset,
         seed=run_spec.seed,

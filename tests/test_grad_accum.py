@@ -40,10 +40,9 @@ def _setup():
     return config, task, graphdef, state.to_pure_dict(), batch, phase
 
 
-def _one_step(
-    setup, *, grad_accum_steps: int, with_norms: bool = False, loss_denominator: float | None = None
-):
-    config, task, graphdef, params, batch, phase = setup
+def _phase_step(setup, **options) -> tuple[loop.PhaseStep, jax.sharding.Mesh]:
+    """The setup's phase step on one device (`options`: build_phase_step's step options) and its mesh."""
+    _, task, graphdef, params, _, phase = setup
     mesh = sharding.make_mesh(jax.devices()[:1])
     phase_step = loop.build_phase_step(
         phase,
@@ -54,8 +53,17 @@ def _one_step(
         mesh=mesh,
         seed=0,
         max_grad_norm=1.0,
-        grad_accum_steps=grad_accum_steps,
-        loss_denominator=loss_denominator,
+        **options,
+    )
+    return phase_step, mesh
+
+
+def _one_step(
+    setup, *, grad_accum_steps: int, with_norms: bool = False, loss_denominator: float | None = None
+):
+    params, batch = setup[3], setup[4]
+    phase_step, mesh = _phase_step(
+        setup, grad_accum_steps=grad_accum_steps, loss_denominator=loss_denominator
     )
     state = steps.TrainState(**phase_step.init_state(params))
     for _ in range(2):  # the first step's warmup learning rate is 0

@@ -13,8 +13,8 @@ from configs import tiny
 from stackft_jax.config import config_cli, spec
 from stackft_jax.runtime import sharding
 from stackft_jax.runtime.cli_errors import ConfigError
-from stackft_jax.training import loop, steps, workdirs
-from tests.test_grad_accum import _setup
+from stackft_jax.training import steps, workdirs
+from tests.test_grad_accum import _phase_step, _setup
 
 REPO = Path(__file__).resolve().parent.parent
 GUARDS = spec.NONFINITE_GUARDS
@@ -22,20 +22,8 @@ GUARDS = spec.NONFINITE_GUARDS
 
 def _steps(setup, guard: str, batches: list[dict]) -> list[steps.TrainState]:
     """The host copies of the initial state and of the state after each of `batches`."""
-    _, task, graphdef, params, _, phase = setup
-    mesh = sharding.make_mesh(jax.devices()[:1])
-    phase_step = loop.build_phase_step(
-        phase,
-        1,
-        params,
-        graphdef=graphdef,
-        objective=task.objective,
-        mesh=mesh,
-        seed=0,
-        max_grad_norm=1.0,
-        nonfinite_guard=guard,
-    )
-    state = steps.TrainState(**phase_step.init_state(jax.tree.map(np.copy, params)))
+    phase_step, mesh = _phase_step(setup, nonfinite_guard=guard)
+    state = steps.TrainState(**phase_step.init_state(jax.tree.map(np.copy, setup[3])))
     states = [jax.device_get(state)]
     for batch in batches:
         state, _ = phase_step.train_step(state, sharding.put_batch(batch, mesh))

@@ -438,10 +438,10 @@ def with_legacy_keys(plain: Mapping[str, Any]) -> dict[str, Any]:
     alone (experiments/budgets.py); a run without `nonfinite_guard` guarded its updates with a select per
     leaf."""
     plain = copy.deepcopy(dict(plain))
-    plain.setdefault("batching", dict(LEGACY_BATCHING))
+    batching = plain.setdefault("batching", {})
+    for key, value in LEGACY_BATCHING.items():  # the block, or a key added to it later, as it ran
+        batching.setdefault(key, value)
     plain.setdefault("nonfinite_guard", LEGACY_NONFINITE_GUARD)
-    if isinstance(plain["batching"], dict):  # recorded before batching.loss_weighting: each batch's mean
-        plain["batching"].setdefault("loss_weighting", "batch_mean")
     matched = plain.get("matched_budget")
     if isinstance(matched, dict) and str(matched.get("rule", "")).split(".")[0] == "flops":
         matched.setdefault("head_flops", "light")

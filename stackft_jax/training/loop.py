@@ -184,6 +184,34 @@ def build_phase_step(
     return PhaseStep(init_state, jitted(False), dropout_key, jitted(True))
 
 
+def build_run_phase_step(
+    run_spec: RunSpec,
+    phase: phases.Phase,
+    index: int,
+    params,
+    *,
+    graphdef: nnx.GraphDef,
+    mesh: jax.sharding.Mesh,
+    train: batching.Dataset,
+    global_batch_size: int,
+) -> PhaseStep:
+    """`build_phase_step` with the run's step options, as `run_phase` trains the phase (and a benchmark
+    that times the same steps builds them); `train`: the training split's arrays."""
+    return build_phase_step(
+        phase,
+        index,
+        params,
+        graphdef=graphdef,
+        objective=run_spec.task.objective,
+        mesh=mesh,
+        seed=run_spec.seed,
+        max_grad_norm=run_spec.max_grad_norm,
+        grad_accum_steps=run_spec.grad_accum_steps,
+        nonfinite_guard=run_spec.nonfinite_guard,
+        loss_denominator=run_spec.train_order.loss_denominator(train, global_batch_size),
+    )
+
+
 def gap_examples(run_spec: RunSpec, phase: phases.Phase) -> int:
     """How many train examples (the first ones) a frozen-backbone phase scores: the gap rule's, else the
     boundary measurement's."""
@@ -750,20 +778,15 @@ def run_phase(
     """Trains one phase to its stop, resuming from its latest checkpoint; `trained` marks the parameters
     the phase's rules train, `frozen` fingerprints the others (checkpointing.py). `best`: the run's
     best-on-dev record so far."""
-    phase_step = build_phase_step(
+    phase_step = build_run_phase_step(
+        ctx.spec,
         phase,
         index,
         params,
         graphdef=ctx.graphdef,
-        objective=ctx.task.objective,
         mesh=ctx.mesh,
-        seed=ctx.spec.seed,
-        max_grad_norm=ctx.spec.max_grad_norm,
-        grad_accum_steps=ctx.spec.grad_accum_steps,
-        nonfinite_guard=ctx.spec.nonfinite_guard,
-        loss_denominator=ctx.train_order.loss_denominator(
-            ctx.datasets["train"].arrays, ctx.global_batch_size
-        ),
+        train=ctx.datasets["train"].arrays,
+        global_batch_size=ctx.global_batch_size,
     )
     checkpoints = _Checkpoints.open(ctx, phase, trained=trained, frozen=frozen)
     progress = _restore_or_start(ctx, phase, phase_step, checkpoints, params, global_offset, best)
