@@ -57,6 +57,7 @@ OFFLINE = [
     ("length_grouped", 0),
     ("length_grouped", 16),
     ("length_grouped", 8),
+    ("packed", 16),
 ]
 TARGETS = {"qqp128_real_token_share_new": 0.65, "conll128_wall_time_old_over_new": 1.8}
 
@@ -125,10 +126,18 @@ def offline_shares(config_arg: str, overrides: dict[str, object], data_cache: Pa
     shares = {}
     for scheme, width in OFFLINE:
         order = batching.TrainOrder.of(
-            scheme, max_seq_length=run_spec.max_seq_length, bucket_tokens=width, group_batches=50
+            scheme,
+            max_seq_length=run_spec.max_seq_length,
+            bucket_tokens=width,
+            group_batches=50,
+            per_device_batch_size=run_spec.per_device_batch_size,
         )
         real, padding = batching.token_counts(
-            lengths, steps=steps, global_batch_size=global_batch, seed=batching.phase_seed(0, 0), order=order
+            lengths,
+            steps=steps,
+            global_batch_size=global_batch,
+            seed=batching.phase_seed(0, 0),
+            order=order,
         )
         shares[f"{scheme} / {width or 'doubling'}"] = {
             "real_token_share": round(real / (real + padding), 4),
