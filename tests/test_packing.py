@@ -16,13 +16,13 @@ from configs import tiny
 from stackft_jax.config import spec
 from stackft_jax.data import batching, packing
 from stackft_jax.models import bert
-from stackft_jax.models.packed import Packed
+from stackft_jax.models.packed import Packed, unpack
 from stackft_jax.runtime import sharding
 from stackft_jax.runtime.cli_errors import ConfigError
-from stackft_jax.training import steps, train
+from stackft_jax.training import loop, steps, train
 from tests.test_attention import assert_trees_close
 from tests.test_batching import make_dataset
-from tests.test_grad_accum import _phase_step, _setup
+from tests.test_grad_accum import _setup
 
 WIDTH = 32
 
@@ -39,13 +39,7 @@ def _packed_batch(lengths, groups: int, width: int = WIDTH, seed: int = 0) -> di
 
 
 def _unpack_np(batch: dict[str, np.ndarray], key: str) -> np.ndarray:
-    return np.asarray(packing_unpack(batch[key], batch["unpack_index"]))
-
-
-def packing_unpack(rows, index):
-    from stackft_jax.models.packed import unpack
-
-    return unpack(jnp.asarray(rows), jnp.asarray(index))
+    return np.asarray(unpack(jnp.asarray(batch[key]), jnp.asarray(batch["unpack_index"])))
 
 
 # The layout.
@@ -64,7 +58,9 @@ def test_every_token_lands_once_inside_its_group_and_unpacks_to_its_example(grou
     real = batch["attention_mask"].astype(bool)
     # Unpacking gives every example its own tokens, token types and positions 0..length-1.
     np.testing.assert_array_equal(_unpack_np(batch, "packed_input_ids")[real], batch["input_ids"][real])
-    np.testing.assert_array_equal(_unpack_np(batch, "packed_token_type_ids")[real], batch["token_type_ids"][real])
+    np.testing.assert_array_equal(
+        _unpack_np(batch, "packed_token_type_ids")[real], batch["token_type_ids"][real]
+    )
     positions = np.broadcast_to(np.arange(WIDTH), real.shape)
     np.testing.assert_array_equal(_unpack_np(batch, "packed_positions")[real], positions[real])
     # Each real slot is used once, and the packed rows hold the real tokens and nothing else.
@@ -75,10 +71,10 @@ def test_every_token_lands_once_inside_its_group_and_unpacks_to_its_example(grou
         assert len(set(slots.tolist())) == len(slots)
         segments = batch["packed_segments"][g * per_group_rows : (g + 1) * per_group_rows].reshape(-1)
         assert set(np.flatnonzero(segments).tolist()) == set(slots.tolist())
-    # Within a row, segments number its examples 1..k, one run each.
+    # Within a row, segments number its examples 1..k, one contiguous run each.
     for row in batch["packed_segments"]:
         runs = [int(s) for i, s in enumerate(row) if s and (i == 0 or row[i - 1] != s)]
-        assert runs == list(range(1, len(runs) + 1))
+        assert sorted(runs) == list(range(1, len(runs) + 1))
     again = _packed_batch(lengths, groups)
     for key in packing.PACKED_ARRAYS:
         np.testing.assert_array_equal(again[key], batch[key])
@@ -94,7 +90,9 @@ def test_first_fit_decreasing_and_the_row_buckets():
     for n in (1, 2, 5, 16, 32, 64, 100):
         buckets = packing.row_buckets(n)
         assert buckets[-1] == n and len(buckets) <= 4 * int(np.ceil(np.log2(max(n, 2)))) + 1
-        assert all(b / a <= 2 ** 0.25 + 1e-9 or b - a == 1 for a, b in zip(buckets, buckets[1:]))
+        # Rounding a needed row count up to its bucket adds at most a quarter.
+        for needed in range(1, n + 1):
+            assert needed <= buckets[np.searchsorted(buckets, needed)] <= 1.25 * needed
 
 
 def test_packed_batches_are_random_batches_and_process_slice_keeps_each_hosts_groups():
@@ -111,11 +109,12 @@ def test_packed_batches_are_random_batches_and_process_slice_keeps_each_hosts_gr
             np.testing.assert_array_equal(local["labels"], plain["labels"][host * 8 : (host + 1) * 8])
             # The host's packed rows unpack to its own examples with its own index.
             real = local["attention_mask"].astype(bool)
-            unpacked = np.asarray(packing_unpack(local["packed_input_ids"], local["unpack_index"]))
-            np.testing.assert_array_equal(unpacked[real], local["input_ids"][real])
+            np.testing.assert_array_equal(
+                _unpack_np(local, "packed_input_ids")[real], local["input_ids"][real]
+            )
     stream = batching.train_batches(ds, start_step=11, scheme=batching.PACKED, groups=4, **common)
     resumed = [next(stream) for _ in range(3)]
-    for step, batch in zip((11, 12, 13), resumed):
+    for step, batch in zip((11, 12, 13), resumed, strict=True):
         again = batching.train_batch(ds, step=step, scheme=batching.PACKED, groups=4, **common)
         for key in batch:
             np.testing.assert_array_equal(batch[key], again[key])
@@ -156,7 +155,9 @@ def test_the_config_selects_packed_with_a_truthful_compile_bound_and_refuses_mic
 
 FAMILIES = {
     "bert": bert.tiny_config(),
-    "roberta": dataclasses.replace(bert.tiny_config(), model_type="roberta", pad_token_id=1, type_vocab_size=1),
+    "roberta": dataclasses.replace(
+        bert.tiny_config(), model_type="roberta", pad_token_id=1, type_vocab_size=1
+    ),
     "distilbert": dataclasses.replace(bert.tiny_config(), model_type="distilbert", type_vocab_size=0),
 }
 LENGTHS = (32, 5, 17, 1, 9, 30, 2, 12)
@@ -230,25 +231,18 @@ def _with_packing(batch: dict[str, np.ndarray], groups: int) -> dict[str, np.nda
     return {**batch, **packing.pack(batch["input_ids"], batch["token_type_ids"], lengths, groups=groups)}
 
 
-def _step(setup, batch, mesh_devices: int):
-    params = setup[3]
-    phase_step, _ = _phase_step(setup)
-    mesh = sharding.make_mesh(jax.devices()[:mesh_devices])
-    if mesh_devices > 1:  # the same step, built over the larger mesh
-        phase_step = _phase_step_on(setup, mesh)
-    state = steps.TrainState(**phase_step.init_state(params))
-    for _ in range(2):  # the first step's warmup learning rate is 0
-        state, metrics = phase_step.train_step(state, sharding.put_batch(batch, mesh), with_norms=False)
-    return jax.device_get(state.params), jax.device_get(metrics)
-
-
-def _phase_step_on(setup, mesh):
-    from stackft_jax.training import loop
-
+def _step(setup, batch, devices: int):
+    """Two steps (the first one's warmup learning rate is 0) of test_grad_accum's phase step over
+    `devices` devices."""
     _, task, graphdef, params, _, phase = setup
-    return loop.build_phase_step(
+    mesh = sharding.make_mesh(jax.devices()[:devices])
+    phase_step = loop.build_phase_step(
         phase, 1, params, graphdef=graphdef, objective=task.objective, mesh=mesh, seed=0, max_grad_norm=1.0
     )
+    state = steps.TrainState(**phase_step.init_state(params))
+    for _ in range(2):
+        state, metrics = phase_step.train_step(state, sharding.put_batch(batch, mesh), with_norms=False)
+    return jax.device_get(state.params), jax.device_get(metrics)
 
 
 def test_a_packed_train_step_equals_the_unpacked_step_on_one_and_eight_devices():

@@ -9,8 +9,8 @@ packed first-fit decreasing (longest first, ties by position in the batch): dete
 batch stays a pure function of (seed, phase, step).
 
 Every group of a batch gets the same row count Rg (the most any group needed), rounded up to a row
-bucket (`row_buckets`, quarter octaves below the group's size n = B/G: every count up to 4, then steps
-of at most 19%): at most 4 * ceil(log2 n) + 1 distinct packed shapes (12 at n = 16, 16 at n = 32), so
+bucket (`row_buckets`, quarter octaves below the group's size n = B/G: every count up to 8, then steps
+of at most a quarter): at most 4 * ceil(log2 n) + 1 distinct packed shapes (12 at n = 16, 16 at n = 32), so
 a phase's train step compiles at most that many times. Measured on the shared data over 300 steps at
 one group (benchmarks/grouped_batches.py --offline; the share of computed tokens that are real, and
 the distinct row counts hit): CoNLL-2003 at 128 tokens, n = 32: 90.0%, 5 shapes; QQP at 128, n = 16:
