@@ -1,6 +1,7 @@
 """Time to result, old batching against new: random batches in the doubling buckets (what the committed
-grids ran, "old") against config.batching's default (random batches in buckets of 16 tokens, "new") and
-against length-grouped batches in buckets of 16 tokens weighed by the corpus mean ("grouped", opt-in).
+grids ran, "old") against config.batching's default (random batches in buckets of 16 tokens, "new"),
+against length-grouped batches in buckets of 16 tokens weighed by the corpus mean ("grouped", opt-in) and
+against the default's batches packed for the encoder ("packed", opt-in).
 
   nice -n 10 python -m benchmarks.grouped_batches               # QQP at 48 and 128, CoNLL-2003 at 128
   python -m benchmarks.grouped_batches --offline                # the real-token shares alone (seconds)
@@ -50,6 +51,8 @@ SCHEMES = {
         "batching.loss_weighting": "corpus_mean",
     },
 }
+# The default's batches (same examples per step), the encoder computing them packed (data/packing.py).
+SCHEMES["packed"] = {**SCHEMES["new"], "batching.scheme": "packed"}
 # Shares counted offline, besides the two run: (scheme, bucket_tokens).
 OFFLINE = [
     ("random", 0),
@@ -244,12 +247,12 @@ def table(results: dict) -> str:
                 f"| {run['wall_s']:.0f} | {run['cpu_s']:.0f} | {run['compilation_s']:.0f} "
                 f"| {run['train_steps_s']:.0f} | {run['evaluation_s']:.0f} | {name} {score:.4f} |"
             )
-        for kind in ("new", "grouped"):
-            if {"old", kind} <= set(record.get("runs", {})):
-                old, new = record["runs"]["old"], record["runs"][kind]
+        for base, kind in (("old", "new"), ("old", "grouped"), ("new", "packed")):
+            if {base, kind} <= set(record.get("runs", {})):
+                old, new = record["runs"][base], record["runs"][kind]
                 loop_ratio = old["train_steps_s"] / new["train_steps_s"]
                 lines.append(
-                    f"| {case} | old / {kind} | | {new['steps_per_s'] / old['steps_per_s']:.2f}x | "
+                    f"| {case} | {base} / {kind} | | {new['steps_per_s'] / old['steps_per_s']:.2f}x | "
                     f"{old['wall_s'] / new['wall_s']:.2f}x | {old['cpu_s'] / new['cpu_s']:.2f}x | "
                     f"| {loop_ratio:.2f}x | | |"
                 )
@@ -269,6 +272,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--cases", default="conll128,qqp128,qqp48", help="comma list of qqp48, qqp128, conll128, tiny"
     )
     parser.add_argument("--steps", type=int, default=300, help="fine-tuning steps per run")
+    parser.add_argument(
+        "--schemes", default=",".join(SCHEMES), help=f"comma list of the runs per case: {', '.join(SCHEMES)}"
+    )
     parser.add_argument("--offline", action="store_true", help="the real-token shares only, no runs")
     parser.add_argument("--quick", action="store_true", help="--cases=tiny --steps=4 (the smoke test)")
     parser.add_argument("--keep", help="keep the workdirs and caches under this folder (default: a temp dir)")
@@ -293,7 +299,8 @@ def main(argv: list[str] | None = None) -> dict:
             if args.offline:
                 continue
             results[case]["runs"] = {}
-            for kind, scheme in SCHEMES.items():
+            for kind in args.schemes.split(","):
+                scheme = SCHEMES[kind]
                 workdir = root / case / kind
                 shutil.rmtree(workdir, ignore_errors=True)
                 run = timed_run(config_arg, {**overrides, **scheme}, workdir, data_cache)
