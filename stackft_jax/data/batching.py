@@ -134,7 +134,9 @@ class TrainOrder:
         return len(self.buckets)
 
     def groups(self, global_batch_size: int) -> int:
-        """The groups a packed batch is packed in: one per device (module docstring)."""
+        """The groups a packed batch is packed in: one per device (module docstring); 1 unpacked."""
+        if self.scheme != PACKED:
+            return 1
         if global_batch_size % self.group_examples:
             raise ValueError(
                 f"a global batch of {global_batch_size} does not split into groups of {self.group_examples}"

@@ -763,7 +763,7 @@ def device_batches(
         with_index=train_features is not None,
         scheme=order.scheme,
         group_batches=order.group_batches,
-        groups=order.groups(ctx.global_batch_size) if order.scheme == batching.PACKED else 1,
+        groups=order.groups(ctx.global_batch_size),
     )
     for local in batches:
         if train_features is not None:
