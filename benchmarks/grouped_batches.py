@@ -1,6 +1,7 @@
 """Time to result, old batching against new: random batches in the doubling buckets (what the committed
-grids ran, "old") against config.batching's default (random batches in buckets of 16 tokens, "new") and
-against length-grouped batches in buckets of 16 tokens weighed by the corpus mean ("grouped", opt-in).
+grids ran, "old") against config.batching's default (random batches in buckets of 16 tokens, "new"),
+against length-grouped batches in buckets of 16 tokens weighed by the corpus mean ("grouped", opt-in) and
+against the default's batches packed for the encoder ("packed", opt-in).
 
   nice -n 10 python -m benchmarks.grouped_batches               # QQP at 48 and 128, CoNLL-2003 at 128
   python -m benchmarks.grouped_batches --offline                # the real-token shares alone (seconds)
@@ -50,6 +51,8 @@ SCHEMES = {
         "batching.loss_weighting": "corpus_mean",
     },
 }
+# The default's batches (same examples per step), the encoder computing them packed (data/packing.py).
+SCHEMES["packed"] = {**SCHEMES["new"], "batching.scheme": "packed"}
 # Shares counted offline, besides the two run: (scheme, bucket_tokens).
 OFFLINE = [
     ("random", 0),
@@ -57,6 +60,7 @@ OFFLINE = [
     ("length_grouped", 0),
     ("length_grouped", 16),
     ("length_grouped", 8),
+    ("packed", 16),
 ]
 TARGETS = {"qqp128_real_token_share_new": 0.65, "conll128_wall_time_old_over_new": 1.8}
 
@@ -125,10 +129,18 @@ def offline_shares(config_arg: str, overrides: dict[str, object], data_cache: Pa
     shares = {}
     for scheme, width in OFFLINE:
         order = batching.TrainOrder.of(
-            scheme, max_seq_length=run_spec.max_seq_length, bucket_tokens=width, group_batches=50
+            scheme,
+            max_seq_length=run_spec.max_seq_length,
+            bucket_tokens=width,
+            group_batches=50,
+            per_device_batch_size=run_spec.per_device_batch_size,
         )
         real, padding = batching.token_counts(
-            lengths, steps=steps, global_batch_size=global_batch, seed=batching.phase_seed(0, 0), order=order
+            lengths,
+            steps=steps,
+            global_batch_size=global_batch,
+            seed=batching.phase_seed(0, 0),
+            order=order,
         )
         shares[f"{scheme} / {width or 'doubling'}"] = {
             "real_token_share": round(real / (real + padding), 4),
@@ -235,12 +247,12 @@ def table(results: dict) -> str:
                 f"| {run['wall_s']:.0f} | {run['cpu_s']:.0f} | {run['compilation_s']:.0f} "
                 f"| {run['train_steps_s']:.0f} | {run['evaluation_s']:.0f} | {name} {score:.4f} |"
             )
-        for kind in ("new", "grouped"):
-            if {"old", kind} <= set(record.get("runs", {})):
-                old, new = record["runs"]["old"], record["runs"][kind]
+        for base, kind in (("old", "new"), ("old", "grouped"), ("new", "packed")):
+            if {base, kind} <= set(record.get("runs", {})):
+                old, new = record["runs"][base], record["runs"][kind]
                 loop_ratio = old["train_steps_s"] / new["train_steps_s"]
                 lines.append(
-                    f"| {case} | old / {kind} | | {new['steps_per_s'] / old['steps_per_s']:.2f}x | "
+                    f"| {case} | {base} / {kind} | | {new['steps_per_s'] / old['steps_per_s']:.2f}x | "
                     f"{old['wall_s'] / new['wall_s']:.2f}x | {old['cpu_s'] / new['cpu_s']:.2f}x | "
                     f"| {loop_ratio:.2f}x | | |"
                 )
@@ -260,6 +272,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--cases", default="conll128,qqp128,qqp48", help="comma list of qqp48, qqp128, conll128, tiny"
     )
     parser.add_argument("--steps", type=int, default=300, help="fine-tuning steps per run")
+    parser.add_argument(
+        "--schemes", default=",".join(SCHEMES), help=f"comma list of the runs per case: {', '.join(SCHEMES)}"
+    )
     parser.add_argument("--offline", action="store_true", help="the real-token shares only, no runs")
     parser.add_argument("--quick", action="store_true", help="--cases=tiny --steps=4 (the smoke test)")
     parser.add_argument("--keep", help="keep the workdirs and caches under this folder (default: a temp dir)")
@@ -284,7 +299,8 @@ def main(argv: list[str] | None = None) -> dict:
             if args.offline:
                 continue
             results[case]["runs"] = {}
-            for kind, scheme in SCHEMES.items():
+            for kind in args.schemes.split(","):
+                scheme = SCHEMES[kind]
                 workdir = root / case / kind
                 shutil.rmtree(workdir, ignore_errors=True)
                 run = timed_run(config_arg, {**overrides, **scheme}, workdir, data_cache)

@@ -307,7 +307,9 @@ def test_token_counts_are_what_the_batches_hold_and_grouping_cuts_the_padding():
 
 
 def test_an_unknown_scheme_is_refused():
-    with pytest.raises(ValueError, match="unknown batching scheme 'sorted': choose length_grouped or random"):
+    with pytest.raises(
+        ValueError, match="unknown batching scheme 'sorted': choose length_grouped or packed or random"
+    ):
         batching.train_batch(
             make_dataset(16), step=0, global_batch_size=8, seed=0, buckets=FINE, scheme="sorted"
         )
@@ -339,7 +341,10 @@ def test_corpus_mean_divides_by_a_batchs_mean_count_in_the_objectives_unit():
 @pytest.mark.parametrize(
     ("item", "message"),
     [
-        ("batching.scheme=sorted", "config.batching.scheme='sorted': choose length_grouped or random"),
+        (
+            "batching.scheme=sorted",
+            "config.batching.scheme='sorted': choose length_grouped or packed or random",
+        ),
         (
             "batching.bucket_tokens=48",
             "config.batching.bucket_tokens=48: a bucket width from 8 to max_seq_length (32) tokens, or 0 "
@@ -365,7 +370,7 @@ def test_a_bad_scheme_on_the_command_line_is_one_line_before_any_work(tmp_path):
             "-m",
             "stackft_jax.main",
             "--config=configs/tiny.py",
-            "--config.batching.scheme=packed",
+            "--config.batching.scheme=sorted",
             f"--workdir={tmp_path / 'run'}",
         ],
         cwd=REPO,
@@ -374,7 +379,9 @@ def test_a_bad_scheme_on_the_command_line_is_one_line_before_any_work(tmp_path):
     )
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
-    assert lines[-1].endswith("config.batching.scheme='packed': choose length_grouped or random"), lines
+    assert lines[-1].endswith("config.batching.scheme='sorted': choose length_grouped or packed or random"), (
+        lines
+    )
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()
 

@@ -48,7 +48,9 @@ def get_config() -> ml_collections.ConfigDict:
     # random (each epoch's permutation cut in order: the composition every recorded run trained on) |
     # length_grouped (each mega-batch of group_batches batches sorted by length, batches in random order:
     # a third of the padding, but on CoNLL-2003 at 300 steps every grouped run scored below every random
-    # one, about 1 F1 point; benchmarks/RESULTS.md §12)
+    # one, about 1 F1 point; benchmarks/RESULTS.md §12) |
+    # packed (random's batches, the encoder computing them packed several examples per row and unpacking
+    # its outputs: the same examples per step, a fraction of the padding; data/packing.py)
     c.batching.scheme = "random"
     # Training batches pad to the next multiple of this (or max_seq_length): a phase's train step compiles
     # at most ceil(max_seq_length / bucket_tokens) times; 0: the doubling buckets 32, 64, ..., max_seq_length

@@ -384,12 +384,18 @@ def _train_order(config: ml_collections.ConfigDict) -> batching.TrainOrder:
             f"config.batching.group_batches={block.group_batches}: at least 1 (batches per mega-batch "
             "sorted by length)"
         )
+    if block.scheme == batching.PACKED and config.get("grad_accum_steps", 1) != 1:
+        raise ConfigError(
+            f"config.batching.scheme='packed' needs grad_accum_steps=1 (got {config.grad_accum_steps}): "
+            "micro-batches would cut across the packed rows; use random"
+        )
     return batching.TrainOrder.of(
         block.scheme,
         max_seq_length=length,
         bucket_tokens=width,
         group_batches=block.group_batches,
         loss_weighting=block.loss_weighting,
+        per_device_batch_size=config.per_device_batch_size,
     )
 
 

@@ -19,6 +19,18 @@ How training draws its rows (`config.batching.scheme`, `TrainOrder`):
                   batches: a batch's composition follows length. Opt-in: on CoNLL-2003 at 300
                   steps its dev F1 fell below random batches' seed-to-seed spread
                   (benchmarks/RESULTS.md §12).
+  packed          random's batches, the same rows in the same steps, with the encoder's input packed
+                  several examples per row of max_seq_length tokens (data/packing.py): the encoder
+                  computes few padding tokens, and unpacks its outputs to one row per example of
+                  max_seq_length tokens, so heads, losses and metrics see random's batch at full width.
+                  Packing is exact (per-example positions, attention inside each example): only float
+                  summation order and dropout masks differ from random. The batch is packed in G groups
+                  of consecutive examples, G the devices it is sharded over (`groups`), each device's rows
+                  holding its own examples (G = global batch / per-device batch); a phase's train step
+                  compiles once per packed row count, at most len(packing.row_buckets(per-device
+                  batch)) times (16 at 32 examples a device; packing.py). Phases that read cached
+                  features run random's batches in `buckets` (`TrainOrder.unpacked`). Not with
+                  grad_accum_steps > 1 (micro-batches would cut across the packed rows).
 Training buckets are every `bucket_tokens` tokens up to max_seq_length (`train_buckets`): a phase's
 train step compiles at most ceil(max_seq_length / bucket_tokens) times (8 at 128 tokens in steps of 16).
 
@@ -36,6 +48,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from stackft_jax.data import packing
 from stackft_jax.runtime.cli_errors import DataError
 
 Dataset = dict[str, np.ndarray]
@@ -56,8 +69,8 @@ def length_buckets(max_seq_length: int, min_bucket: int = 32) -> tuple[int, ...]
     return (*buckets, max_seq_length)
 
 
-RANDOM, LENGTH_GROUPED = "random", "length_grouped"
-SCHEMES = (LENGTH_GROUPED, RANDOM)
+RANDOM, LENGTH_GROUPED, PACKED = "random", "length_grouped", "packed"
+SCHEMES = (LENGTH_GROUPED, PACKED, RANDOM)
 GROUP_BATCHES = 50  # batches per length-sorted mega-batch (the default of config.batching.group_batches)
 BATCH_MEAN, CORPUS_MEAN = "batch_mean", "corpus_mean"
 LOSS_WEIGHTINGS = (CORPUS_MEAN, BATCH_MEAN)
@@ -77,12 +90,14 @@ def train_buckets(max_seq_length: int, bucket_tokens: int) -> tuple[int, ...]:
 class TrainOrder:
     """How a phase's training batches are drawn and weighed (module docstring): `scheme` in SCHEMES, the
     batch lengths `buckets`, for length_grouped the batches per sorted mega-batch, and what a batch's
-    summed loss is divided by (`loss_weighting` in LOSS_WEIGHTINGS)."""
+    summed loss is divided by (`loss_weighting` in LOSS_WEIGHTINGS); for packed, the examples packed
+    together (`group_examples`: the per-device batch)."""
 
     scheme: str = RANDOM
     buckets: tuple[int, ...] = (128,)
     group_batches: int = GROUP_BATCHES
     loss_weighting: str = BATCH_MEAN
+    group_examples: int = 1
 
     @classmethod
     def of(
@@ -93,13 +108,17 @@ class TrainOrder:
         bucket_tokens: int,
         group_batches: int,
         loss_weighting: str = BATCH_MEAN,
+        per_device_batch_size: int = 1,
     ) -> "TrainOrder":
         if scheme not in SCHEMES:
             raise ValueError(f"unknown batching scheme {scheme!r}: choose {' or '.join(SCHEMES)}")
         if loss_weighting not in LOSS_WEIGHTINGS:
             choices = " or ".join(LOSS_WEIGHTINGS)
             raise ValueError(f"unknown loss weighting {loss_weighting!r}: choose {choices}")
-        return cls(scheme, train_buckets(max_seq_length, bucket_tokens), group_batches, loss_weighting)
+        buckets = train_buckets(max_seq_length, bucket_tokens)
+        # Only packed reads group_examples: the other orders stay equal whatever the batch.
+        group_examples = per_device_batch_size if scheme == PACKED else 1
+        return cls(scheme, buckets, group_batches, loss_weighting, group_examples)
 
     def loss_denominator(self, train: Dataset, global_batch_size: int) -> float | None:
         """What the train step divides a batch's summed loss by: None, the batch's own count
@@ -108,8 +127,27 @@ class TrainOrder:
 
     @property
     def max_compilations(self) -> int:
-        """Train-step compilations per phase at most: one per bucket."""
+        """Train-step compilations per phase at most: one per bucket; packed, one per packed row count
+        (or per bucket in a phase of cached features, which runs random's batches)."""
+        if self.scheme == PACKED:
+            return max(len(packing.row_buckets(self.group_examples)), len(self.buckets))
         return len(self.buckets)
+
+    def groups(self, global_batch_size: int) -> int:
+        """The groups a packed batch is packed in: one per device (module docstring); 1 unpacked."""
+        if self.scheme != PACKED:
+            return 1
+        if global_batch_size % self.group_examples:
+            raise ValueError(
+                f"a global batch of {global_batch_size} does not split into groups of {self.group_examples}"
+            )
+        return global_batch_size // self.group_examples
+
+    @property
+    def unpacked(self) -> "TrainOrder":
+        """The order a phase that reads cached features draws (no encoder runs, nothing to pack):
+        random's batches for packed, else this order."""
+        return dataclasses.replace(self, scheme=RANDOM) if self.scheme == PACKED else self
 
 
 def expected_count(train: Dataset, global_batch_size: int) -> float:
@@ -144,7 +182,7 @@ def _epoch_batches(
     """[steps_per_epoch, global_batch_size] example indices: row i is the epoch's batch i."""
     per_epoch = steps_per_epoch(len(lengths), global_batch_size)
     rows = _epoch_permutation(len(lengths), seed, epoch)[: per_epoch * global_batch_size]
-    if scheme == RANDOM:
+    if scheme in (RANDOM, PACKED):  # packed: random's batches, packed per batch
         return rows.reshape(per_epoch, global_batch_size)
     if scheme != LENGTH_GROUPED:
         raise ValueError(f"unknown batching scheme {scheme!r}: choose {' or '.join(SCHEMES)}")
@@ -194,12 +232,30 @@ def train_batch(
     buckets: tuple[int, ...],
     scheme: str = RANDOM,
     group_batches: int = GROUP_BATCHES,
+    groups: int = 1,
 ) -> Batch:
     """Batch `step` of the endless shuffled stream; each epoch is a fresh permutation, batched as
-    `scheme` says (module docstring)."""
+    `scheme` says (module docstring); packed in `groups` groups."""
     epoch, i = divmod(step, steps_per_epoch(num_rows(ds), global_batch_size))
     batches = _epoch_batches(ds["lengths"], seed, epoch, global_batch_size, scheme, group_batches)
-    return _gather(ds, batches[i], buckets)
+    return _train_gather(ds, batches[i], buckets, scheme, groups)
+
+
+def _train_gather(
+    ds: Dataset, indices: np.ndarray, buckets: tuple[int, ...], scheme: str, groups: int
+) -> Batch:
+    if scheme != PACKED:
+        return _gather(ds, indices, buckets)
+    # One row per example at full width (one shape, whatever the batch's longest), plus the packing.
+    batch = _gather(ds, indices, buckets[-1:])
+    return {**batch, **packed_arrays(ds, indices, batch, groups)}
+
+
+def packed_arrays(ds: Dataset, indices: np.ndarray, batch: Batch, groups: int) -> Batch:
+    """packing.pack of a full-width batch of `indices`; DistilBERT-style data without token types
+    packs zeros."""
+    token_types = batch.get("token_type_ids", np.zeros_like(batch["input_ids"]))
+    return packing.pack(batch["input_ids"], token_types, ds["lengths"][indices], groups=groups)
 
 
 def train_batches(
@@ -212,6 +268,7 @@ def train_batches(
     scheme: str = RANDOM,
     group_batches: int = GROUP_BATCHES,
     with_index: bool = False,
+    groups: int = 1,
 ) -> Iterator[Batch]:
     """train_batch(step) for step = start_step, start_step + 1, ... forever. `with_index` adds
     `index`, each row's example (what the feature cache looks features up by)."""
@@ -224,7 +281,7 @@ def train_batches(
             cached_epoch = epoch
             batches = _epoch_batches(ds["lengths"], seed, epoch, global_batch_size, scheme, group_batches)
         indices = batches[i]
-        batch = _gather(ds, indices, buckets)
+        batch = _train_gather(ds, indices, buckets, scheme, groups)
         if with_index:
             batch["index"] = indices.astype(np.int32)
         yield batch
@@ -232,11 +289,17 @@ def train_batches(
 
 
 def token_counts(
-    lengths: np.ndarray, *, steps: int, global_batch_size: int, seed: int, order: TrainOrder
+    lengths: np.ndarray,
+    *,
+    steps: int,
+    global_batch_size: int,
+    seed: int,
+    order: TrainOrder,
 ) -> tuple[int, int]:
     """(real tokens, padding tokens) of training batches 0 .. steps-1 of the stream `train_batches`
-    draws with `order` (over all hosts): the data order is a pure function of the step, so this counts
-    a finished phase exactly from the lengths alone."""
+    draws with `order` (over all hosts): the data order is a pure function
+    of the step, so this counts a finished phase exactly from the lengths alone. A packed batch counts
+    what its encoder computes: its packed rows of max_seq_length tokens."""
     per_epoch = steps_per_epoch(len(lengths), global_batch_size)
     buckets = np.asarray(order.buckets)
     real = computed = 0
@@ -247,9 +310,14 @@ def token_counts(
             raise ValueError(
                 f"an example has {rows.max()} tokens, more than the largest bucket {buckets[-1]}"
             )
+        real += int(rows.sum())
+        if order.scheme == PACKED:
+            width, groups = int(buckets[-1]), order.groups(global_batch_size)
+            packed = sum(packing.packed_rows(batch, groups=groups, width=width) for batch in rows)
+            computed += packed * groups * width
+            continue
         # The smallest bucket that fits each batch's longest row, as _gather pads it.
         padded_to = buckets[np.searchsorted(buckets, rows.max(axis=1))]
-        real += int(rows.sum())
         computed += int(padded_to.sum()) * global_batch_size
     return real, computed - real
 
@@ -281,12 +349,17 @@ def eval_batches(
 
 
 def process_slice(batch: Batch, process_index: int, process_count: int) -> Batch:
-    """This host's contiguous block of rows of a global batch (multi-host data loading)."""
-    size = len(batch["example_mask"])
-    if size % process_count:
-        raise ValueError(f"global batch of {size} does not split evenly over {process_count} hosts")
+    """This host's contiguous block of rows of a global batch (multi-host data loading): of each
+    array, the `process_index`-th of `process_count` equal blocks of its leading axis. A packed batch's
+    packed rows ([G * Rg, L]) and unpack index ([G, B/G, L]) so split by group: each host keeps the
+    groups of its own examples (G is the global device count, a multiple of the hosts)."""
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index {process_index} is outside [0, {process_count})")
-    per_host = size // process_count
-    rows = slice(process_index * per_host, (process_index + 1) * per_host)
-    return {key: value[rows] for key, value in batch.items()}
+    local = {}
+    for key, value in batch.items():
+        size = len(value)
+        if size % process_count:
+            raise ValueError(f"global batch of {size} does not split evenly over {process_count} hosts")
+        per_host = size // process_count
+        local[key] = value[process_index * per_host : (process_index + 1) * per_host]
+    return local

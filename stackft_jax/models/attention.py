@@ -24,12 +24,18 @@ Padding is passed as key lengths (`attention_mask` is a prefix of ones: data/bat
 query rows attend to the real keys on every path but splash (where padding attends to padding); their
 outputs are masked downstream either way. A row with no real token keeps one key (length 1), so no
 path divides by zero.
+
+**Packed rows** (data/packing.py) pass `Segments` instead of the mask: a token attends to the tokens of
+its own segment only, padding (segment 0) to padding, so no row is fully masked. einsum adds a
+[batch, 1, length, length] bias built from the segment ids; dot_product passes the same as `mask=`
+(XLA's form applies it; jax.nn's cuDNN form turns it into a bias); splash takes the ids as its segment
+ids.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -113,6 +119,27 @@ def _scores_bwd(residuals: tuple[jax.Array, jax.Array], g: jax.Array) -> tuple[j
 scores_f32.defvjp(_scores_fwd, _scores_bwd)
 
 
+class Segments(NamedTuple):
+    """Packed rows' segment ids, [batch, length] ints: 1..k the row's k-th example, 0 padding."""
+
+    ids: jax.Array
+
+
+# What a layer's attention is restricted by: an unpacked batch's attention mask or packed rows' segments.
+Mask = jax.Array | Segments
+
+
+def segment_mask(segments: Segments) -> jax.Array:
+    """[batch, 1, length, length] bool: query and key in the same segment."""
+    return segments.ids[:, None, :, None] == segments.ids[:, None, None, :]
+
+
+def _bias(mask: Mask, dtype: jnp.dtype) -> jax.Array:
+    if isinstance(mask, Segments):
+        return jnp.where(segment_mask(mask), 0.0, jnp.finfo(dtype).min)
+    return additive_mask(mask, dtype)
+
+
 def additive_mask(attention_mask: jax.Array, dtype: jnp.dtype) -> jax.Array:
     """HF's additive mask, [batch, 1, 1, length]: 0 for real keys, `dtype`'s min for padding. A row with
     no real key (a fully masked padding example) softmaxes to uniform, not NaN."""
@@ -123,7 +150,7 @@ def einsum_attention(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
-    attention_mask: jax.Array,
+    attention_mask: Mask,
     *,
     dropout: Dropout,
     deterministic: bool,
@@ -131,7 +158,7 @@ def einsum_attention(
 ) -> jax.Array:
     """[batch, length, heads, head_dim] q, k, v -> the context, same shape, in v's dtype."""
     head_dim = q.shape[-1]
-    mask_bias = additive_mask(attention_mask, v.dtype)
+    mask_bias = _bias(attention_mask, v.dtype)
     # Scores, mask and softmax in float32 so half-precision compute cannot overflow or lose the mask.
     if q.dtype == jnp.float32:
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
@@ -151,9 +178,14 @@ def key_lengths(attention_mask: jax.Array) -> jax.Array:
     return jnp.maximum(attention_mask.sum(axis=-1), 1).astype(jnp.int32)
 
 
-def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, attention_mask: jax.Array) -> jax.Array:
-    """jax.nn.dot_product_attention with the padding as key lengths; cuDNN on a GPU in half precision."""
+def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, attention_mask: Mask) -> jax.Array:
+    """jax.nn.dot_product_attention with the padding as key lengths (packed rows: their segments as
+    its mask); cuDNN on a GPU in half precision."""
     fused = jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
+    if isinstance(attention_mask, Segments):
+        return jax.nn.dot_product_attention(
+            q, k, v, mask=segment_mask(attention_mask), implementation="cudnn" if fused else None
+        )
     return jax.nn.dot_product_attention(
         q,
         k,
@@ -172,10 +204,11 @@ def _splash_kernel(length: int, heads: int, interpret: bool) -> Any:
 
 
 def splash_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, attention_mask: jax.Array, *, interpret: bool = False
+    q: jax.Array, k: jax.Array, v: jax.Array, attention_mask: Mask, *, interpret: bool = False
 ) -> jax.Array:
     """Pallas splash attention per example, padding as its own segment (real tokens attend to real
-    tokens only); a length that is not a multiple of `SPLASH_BLOCK` runs `dot_product_attention`.
+    tokens only; packed rows: their `Segments`); a length that is not a multiple of `SPLASH_BLOCK`
+    runs `dot_product_attention`.
     `interpret`: run the kernel in Pallas' interpreter (tests on CPU)."""
     batch, length, heads, head_dim = q.shape
     if length % SPLASH_BLOCK:
@@ -183,7 +216,10 @@ def splash_attention(
     from jax.experimental.pallas.ops.tpu.splash_attention import SegmentIds
 
     kernel = _splash_kernel(length, heads, interpret)
-    segments = (attention_mask > 0).astype(jnp.int32)
+    if isinstance(attention_mask, Segments):
+        segments = attention_mask.ids.astype(jnp.int32)
+    else:
+        segments = (attention_mask > 0).astype(jnp.int32)
 
     def per_example(q1: jax.Array, k1: jax.Array, v1: jax.Array, segment: jax.Array) -> jax.Array:
         return kernel(q1, k1, v1, segment_ids=SegmentIds(q=segment, kv=segment))
@@ -199,13 +235,14 @@ def attend(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
-    attention_mask: jax.Array,
+    attention_mask: Mask,
     *,
     dropout: Dropout,
     deterministic: bool,
     rngs: nnx.Rngs | None,
 ) -> jax.Array:
-    """The context of attention path `kind` (a resolved name: einsum, dot_product or splash)."""
+    """The context of attention path `kind` (a resolved name: einsum, dot_product or splash), restricted
+    by an unpacked batch's attention mask or packed rows' `Segments`."""
     if kind == "einsum":
         return einsum_attention(
             q, k, v, attention_mask, dropout=dropout, deterministic=deterministic, rngs=rngs

@@ -59,6 +59,7 @@ from stackft_jax.models.adaptation.kind import PROJECTIONS, EncoderAdaptation, a
 from stackft_jax.models.adaptation.lora import LoraDense
 from stackft_jax.models.dense import Dense
 from stackft_jax.models.dropout import Dropout
+from stackft_jax.models.packed import Packed, unpack
 from stackft_jax.runtime.cli_errors import ConfigError, DataError
 
 logger = logging.getLogger(__name__)
@@ -277,7 +278,7 @@ class BertSelfAttention(nnx.Module):
         self.dropout = Dropout(config.attention_probs_dropout_prob)  # einsum's only (attention.py)
 
     def __call__(
-        self, x: jax.Array, attention_mask: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None
+        self, x: jax.Array, attention_mask: attention.Mask, *, deterministic: bool, rngs: nnx.Rngs | None
     ) -> jax.Array:
         batch, length, hidden = x.shape
 
@@ -342,7 +343,7 @@ class BertLayer(nnx.Module):
             self.attention_adapter = self.output_adapter = None
 
     def __call__(
-        self, x: jax.Array, attention_mask: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None
+        self, x: jax.Array, attention_mask: attention.Mask, *, deterministic: bool, rngs: nnx.Rngs | None
     ) -> jax.Array:
         attended = self.attention(x, attention_mask, deterministic=deterministic, rngs=rngs)
         attended = self.dropout(attended, deterministic=deterministic, rngs=rngs)
@@ -401,7 +402,10 @@ class BertEmbeddings(nnx.Module):
         *,
         deterministic: bool,
         rngs: nnx.Rngs | None,
+        positions: jax.Array | None = None,
     ) -> jax.Array:
+        """`positions`: each token's position id (packed rows: BertModel.packed's); None: counted along
+        each row as the family counts them."""
         length = input_ids.shape[1]
         max_length = self.position_embeddings.num_embeddings - self.first_position
         if length > max_length:
@@ -409,19 +413,22 @@ class BertEmbeddings(nnx.Module):
                 f"sequence length {length} exceeds the {max_length} tokens max_position_embeddings="
                 f"{self.position_embeddings.num_embeddings} holds"
             )
-        if self.offset_positions:
-            # RoBERTa: real tokens count up from pad_token_id + 1, padding tokens sit at pad_token_id.
-            real = (input_ids != self.pad_token_id).astype(jnp.int32)
-            positions = jnp.cumsum(real, axis=1) * real + self.pad_token_id
-        else:
-            # Absolute positions 0..L-1 regardless of padding, as HF does with right padding.
-            positions = jnp.arange(length)[None, :]
+        if positions is None:
+            positions = self._row_positions(input_ids)
         x = self.word_embeddings(input_ids)
         if self.token_type_embeddings is not None:
             x = x + self.token_type_embeddings(token_type_ids)
         x = x + self.position_embeddings(positions)
         x = self.dropout(self.layer_norm(x), deterministic=deterministic, rngs=rngs)
         return self.projection(x) if self.projection is not None else x
+
+    def _row_positions(self, input_ids: jax.Array) -> jax.Array:
+        if self.offset_positions:
+            # RoBERTa: real tokens count up from pad_token_id + 1, padding tokens sit at pad_token_id.
+            real = (input_ids != self.pad_token_id).astype(jnp.int32)
+            return jnp.cumsum(real, axis=1) * real + self.pad_token_id
+        # Absolute positions 0..L-1 regardless of padding, as HF does with right padding.
+        return jnp.arange(input_ids.shape[1])[None, :]
 
 
 def _sinusoids(num_positions: int, width: int) -> jax.Array:
@@ -449,7 +456,7 @@ REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
 
 
 def _run_layer(
-    layer: BertLayer, x: jax.Array, attention_mask: jax.Array, rngs: nnx.Rngs | None, deterministic: bool
+    layer: BertLayer, x: jax.Array, attention_mask: attention.Mask, rngs: nnx.Rngs | None, deterministic: bool
 ) -> jax.Array:
     return layer(x, attention_mask, deterministic=deterministic, rngs=rngs)
 
@@ -515,9 +522,40 @@ class BertModel(nnx.Module):
 
         With deterministic=False, `rngs` must hold a `dropout` stream (nnx.Rngs(dropout=key)).
         """
+        self._check_rngs(deterministic, rngs)
+        x = self.embeddings(input_ids, token_type_ids, deterministic=deterministic, rngs=rngs)
+        return self._output(self._encode(x, attention_mask, deterministic=deterministic, rngs=rngs))
+
+    def packed(self, packed: Packed, *, deterministic: bool, rngs: nnx.Rngs | None = None) -> BertOutput:
+        """The encoder over packed rows (data/packing.py): each example's own positions (from the
+        family's first position; padding at pad_token_id where positions are offset, as unpacked),
+        attention inside each example; every hidden state unpacked to [B, Lb, hidden] before the
+        pooler, so the output is the unpacked call's on the same examples (up to float summation
+        order, and dropout masks in training)."""
+        self._check_rngs(deterministic, rngs)
+        c = self.config
+        positions = packed.positions + c.first_position
+        if c.family.offset_positions:
+            positions = jnp.where(packed.segments > 0, positions, c.pad_token_id)
+        x = self.embeddings(
+            packed.input_ids,
+            packed.token_type_ids,
+            deterministic=deterministic,
+            rngs=rngs,
+            positions=positions,
+        )
+        segments = attention.Segments(packed.segments)
+        hidden_states = self._encode(x, segments, deterministic=deterministic, rngs=rngs)
+        return self._output(tuple(unpack(h, packed.unpack_index) for h in hidden_states))
+
+    def _check_rngs(self, deterministic: bool, rngs: nnx.Rngs | None) -> None:
         if not deterministic and rngs is None and self._has_dropout():
             raise ValueError("deterministic=False needs rngs=nnx.Rngs(dropout=key)")
-        x = self.embeddings(input_ids, token_type_ids, deterministic=deterministic, rngs=rngs)
+
+    def _encode(
+        self, x: jax.Array, attention_mask: attention.Mask, *, deterministic: bool, rngs: nnx.Rngs | None
+    ) -> tuple[jax.Array, ...]:
+        """The embeddings `x`, then each layer's output."""
         hidden_states = [x]
         run_layer = _run_layer
         if self.remat != "none":
@@ -527,10 +565,14 @@ class BertModel(nnx.Module):
         for layer in self.layers:
             x = run_layer(layer, x, attention_mask, rngs, deterministic)
             hidden_states.append(x)
+        return tuple(hidden_states)
+
+    def _output(self, hidden_states: tuple[jax.Array, ...]) -> BertOutput:
+        x = hidden_states[-1]
         # Without a pooler (ELECTRA, DistilBERT) heads get the first token's state itself, what those
         # families' own classifiers start from.
         pooled = jnp.tanh(self.pooler(x[:, 0])) if self.pooler is not None else x[:, 0]
-        return BertOutput(hidden_states=tuple(hidden_states), pooled=pooled)
+        return BertOutput(hidden_states=hidden_states, pooled=pooled)
 
     def _has_dropout(self) -> bool:
         c = self.config

@@ -13,6 +13,7 @@ from stackft_jax.models.adaptation import EncoderAdaptation
 from stackft_jax.models.bert import BertConfig, BertModel
 from stackft_jax.models.features import Features
 from stackft_jax.models.heads import build_head
+from stackft_jax.models.packed import Packed
 from stackft_jax.models.scalar_mix import ScalarMix
 
 
@@ -97,12 +98,19 @@ class TaskModel(nnx.Module):
 
         A batch that carries cached backbone features (feature_cache.py: `hidden_states` [batch,
         length, stored layers, hidden], `pooled` [batch, hidden]) skips the backbone: the head alone runs.
+        A packed batch (`packed_input_ids`, ...: data/packing.py) runs the backbone over its packed rows.
         """
         if "hidden_states" in batch:
             # Cast to the compute dtype: the head sees what the backbone would have handed it.
             stacked = batch["hidden_states"].astype(self.backbone.dtype)
             hidden_states = tuple(stacked[:, :, i] for i in range(stacked.shape[2]))
             pooled = batch["pooled"].astype(self.backbone.dtype)
+        elif "packed_input_ids" in batch:
+            # Packed rows (data/packing.py): the backbone unpacks its outputs, so the head sees the same.
+            out = self.backbone.packed(
+                Packed.of(batch), deterministic=deterministic or backbone_deterministic, rngs=rngs
+            )
+            hidden_states, pooled = out.hidden_states, out.pooled
         else:
             out = self.backbone(
                 batch["input_ids"],

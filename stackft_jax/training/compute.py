@@ -209,16 +209,24 @@ def _built_train_cache(record: Mapping[str, Any], timings: Mapping[str, Any] | N
 
 
 def tokens(
-    run_spec: RunSpec, phase_index: int, *, steps: int, global_batch_size: int, train_lengths: np.ndarray
+    run_spec: RunSpec,
+    phase_index: int,
+    *,
+    steps: int,
+    global_batch_size: int,
+    train_lengths: np.ndarray,
+    cached: bool = False,
 ) -> dict[str, int]:
     """The real and padding tokens of a phase's training batches (batching.token_counts: the data order
-    is a pure function of seed, phase and step, so the train split's lengths give them exactly)."""
+    is a pure function of seed, phase and step, so the train split's lengths give them exactly);
+    `cached`: the phase reads cached features, so draws unpacked batches (loop.device_batches)."""
+    order = run_spec.train_order.unpacked if cached else run_spec.train_order
     real, padding = batching.token_counts(
         train_lengths,
         steps=steps,
         global_batch_size=global_batch_size,
         seed=batching.phase_seed(run_spec.seed, phase_index),
-        order=run_spec.train_order,
+        order=order,
     )
     return {"tokens_real": real, "tokens_padding": padding}
 
@@ -266,6 +274,7 @@ def of_results(
                     steps=record["steps"],
                     global_batch_size=batch,
                     train_lengths=train_lengths,
+                    cached=phase.feature_cache,
                 )
             )
         elif recorded is not None:

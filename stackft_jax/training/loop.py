@@ -723,11 +723,13 @@ def batch_feed(
     with_index: bool,
     scheme: str = batching.RANDOM,
     group_batches: int = batching.GROUP_BATCHES,
+    groups: int = 1,
 ) -> Iterator[batching.Batch]:
     """This process's rows of each global batch of a phase from `start_step` on, as host arrays: what the
     step loop feeds (benchmarks time the same feed). A pure function of (seed, phase, step), so a
     resumed phase replays the same batches. `with_index`: each row's example, which cached features are
-    looked up by. `scheme`, `group_batches`: batching.TrainOrder's."""
+    looked up by. `scheme`, `group_batches`: batching.TrainOrder's; `groups`: the groups a packed batch
+    is packed in (TrainOrder.groups, one per device)."""
     batches = batching.train_batches(
         train,
         start_step=start_step,
@@ -737,6 +739,7 @@ def batch_feed(
         scheme=scheme,
         group_batches=group_batches,
         with_index=with_index,
+        groups=groups,
     )
     for batch in batches:
         yield batching.process_slice(batch, jax.process_index(), jax.process_count())
@@ -745,23 +748,30 @@ def batch_feed(
 def device_batches(
     ctx: Context, phase: phases.Phase, index: int, start_step: int, train_features
 ) -> Iterator[tuple[dict[str, jax.Array], int]]:
-    """The phase's global batches on the devices from `start_step` on, with their padded length: what
-    the prefetch thread makes ready while earlier steps run."""
+    """The phase's global batches on the devices from `start_step` on, with the rows and padded length
+    the encoder computes: what
+    the prefetch thread makes ready while earlier steps run. A phase that reads cached features runs
+    no encoder, so it draws unpacked batches (TrainOrder.unpacked)."""
+    order = ctx.train_order if train_features is None else ctx.train_order.unpacked
     batches = batch_feed(
         ctx.datasets["train"].arrays,
         seed=ctx.spec.seed,
         phase_index=index,
         start_step=start_step,
         global_batch_size=ctx.global_batch_size,
-        buckets=ctx.train_order.buckets,
+        buckets=order.buckets,
         with_index=train_features is not None,
-        scheme=ctx.train_order.scheme,
-        group_batches=ctx.train_order.group_batches,
+        scheme=order.scheme,
+        group_batches=order.group_batches,
+        groups=order.groups(ctx.global_batch_size),
     )
     for local in batches:
         if train_features is not None:
             local = train_features.attach(local)
-        yield sharding.put_batch(local, ctx.mesh), int(local["input_ids"].shape[1])
+        # The rows the encoder computes: a packed batch's packed rows (the same count on every host).
+        packed = local.get("packed_input_ids")
+        rows = ctx.global_batch_size if packed is None else packed.shape[0] * jax.process_count()
+        yield sharding.put_batch(local, ctx.mesh), rows, int(local["input_ids"].shape[1])
 
 
 def run_phase(
@@ -805,18 +815,17 @@ def run_phase(
     feed = prefetch.Prefetch(device_batches(ctx, phase, index, progress.step, train_features), PREFETCH_DEPTH)
     try:
         while progress.stop_reason is None and progress.step < phase.num_steps:
-            device_batch, length = next(feed)
+            device_batch, rows, length = next(feed)
             ctx.observer.step_started(phase.name, progress.step)
             logs = due(progress.step + 1, ctx.spec.log_every_steps, phase.num_steps)
             progress.state, step_metrics = phase_step.train_step(
                 progress.state, device_batch, with_norms=logs
             )
             progress.step += 1
-            rows = ctx.global_batch_size
             progress.window.append(
                 {
                     **step_metrics,
-                    "examples": rows,
+                    "examples": ctx.global_batch_size,
                     "padded_tokens": rows * length,
                     "flops": step_flops(rows, length),
                 }

@@ -1,0 +1,275 @@
+"""batching.scheme=packed (data/packing.py, BertModel.packed): the layout (every token once, groups local
+to their devices, deterministic, bounded shapes), the encoder over packed rows equal to the unpacked
+encoder on every example, layer and family, a packed train step equal to the unpacked one on 1 and 8
+devices, and a run end to end."""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import tiny
+from stackft_jax.config import spec
+from stackft_jax.data import batching, packing
+from stackft_jax.models import bert
+from stackft_jax.models.packed import Packed, unpack
+from stackft_jax.runtime import sharding
+from stackft_jax.runtime.cli_errors import ConfigError
+from stackft_jax.training import loop, steps, train
+from tests.test_attention import assert_trees_close
+from tests.test_batching import make_dataset
+from tests.test_grad_accum import _setup
+
+WIDTH = 32
+
+
+def _packed_batch(lengths, groups: int, width: int = WIDTH, seed: int = 0) -> dict[str, np.ndarray]:
+    """Full-width per-example arrays of `lengths` (token i + 1 ... names example i) and their packing."""
+    rng = np.random.default_rng(seed)
+    lengths = np.asarray(lengths)
+    real = np.arange(width)[None] < lengths[:, None]
+    ids = (rng.integers(3, 120, (len(lengths), width)) * real).astype(np.int32)
+    types = (real & (np.arange(width)[None] >= lengths[:, None] // 2)).astype(np.int32)
+    batch = {"input_ids": ids, "token_type_ids": types, "attention_mask": real.astype(np.int32)}
+    return {**batch, **packing.pack(ids, types, lengths, groups=groups)}
+
+
+def _unpack_np(batch: dict[str, np.ndarray], key: str) -> np.ndarray:
+    return np.asarray(unpack(jnp.asarray(batch[key]), jnp.asarray(batch["unpack_index"])))
+
+
+# The layout.
+
+
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_every_token_lands_once_inside_its_group_and_unpacks_to_its_example(groups):
+    rng = np.random.default_rng(groups)
+    lengths = rng.integers(1, WIDTH + 1, 16)
+    lengths[:6] = rng.integers(1, 8, 6)
+    batch = _packed_batch(lengths, groups)
+    rows = batch["packed_input_ids"]
+    assert rows.shape[1] == WIDTH and rows.shape[0] % groups == 0
+    per_group_rows, per_group = rows.shape[0] // groups, 16 // groups
+    assert per_group_rows in packing.row_buckets(per_group)
+    real = batch["attention_mask"].astype(bool)
+    # Unpacking gives every example its own tokens, token types and positions 0..length-1.
+    np.testing.assert_array_equal(_unpack_np(batch, "packed_input_ids")[real], batch["input_ids"][real])
+    np.testing.assert_array_equal(
+        _unpack_np(batch, "packed_token_type_ids")[real], batch["token_type_ids"][real]
+    )
+    positions = np.broadcast_to(np.arange(WIDTH), real.shape)
+    np.testing.assert_array_equal(_unpack_np(batch, "packed_positions")[real], positions[real])
+    # Each real slot is used once, and the packed rows hold the real tokens and nothing else.
+    index = batch["unpack_index"]
+    assert index.max() < per_group_rows * WIDTH
+    for g in range(groups):
+        slots = index[g][real[g * per_group : (g + 1) * per_group]]
+        assert len(set(slots.tolist())) == len(slots)
+        segments = batch["packed_segments"][g * per_group_rows : (g + 1) * per_group_rows].reshape(-1)
+        assert set(np.flatnonzero(segments).tolist()) == set(slots.tolist())
+    # Within a row, segments number its examples 1..k, one contiguous run each.
+    for row in batch["packed_segments"]:
+        runs = [int(s) for i, s in enumerate(row) if s and (i == 0 or row[i - 1] != s)]
+        assert sorted(runs) == list(range(1, len(runs) + 1))
+    again = _packed_batch(lengths, groups)
+    for key in packing.PACKED_ARRAYS:
+        np.testing.assert_array_equal(again[key], batch[key])
+
+
+def test_first_fit_decreasing_and_the_row_buckets():
+    rows, offsets, used = packing.first_fit_decreasing(np.array([3, 8, 5, 5, 2]), 10)
+    # 8 -> row 0; 5 (first) -> row 1; 5 -> row 1; 3 -> row 2; 2 -> row 0.
+    assert used == 3
+    np.testing.assert_array_equal(rows, [2, 0, 1, 1, 0])
+    np.testing.assert_array_equal(offsets, [0, 0, 0, 5, 8])
+    assert packing.row_buckets(16) == (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
+    for n in (1, 2, 5, 16, 32, 64, 100):
+        buckets = packing.row_buckets(n)
+        assert buckets[-1] == n and len(buckets) <= 4 * int(np.ceil(np.log2(max(n, 2)))) + 1
+        # Rounding a needed row count up to its bucket adds at most a quarter.
+        for needed in range(1, n + 1):
+            assert needed <= buckets[np.searchsorted(buckets, needed)] <= 1.25 * needed
+
+
+def test_packed_batches_are_random_batches_and_process_slice_keeps_each_hosts_groups():
+    ds = make_dataset(200, max_seq_length=64, seed=3)
+    buckets = batching.train_buckets(64, 16)
+    common = {"global_batch_size": 16, "seed": 5, "buckets": buckets}
+    for step in (0, 11, 13):  # 12 steps an epoch: the second epoch too
+        plain = batching.train_batch(ds, step=step, **common)
+        packed = batching.train_batch(ds, step=step, scheme=batching.PACKED, groups=4, **common)
+        np.testing.assert_array_equal(packed["labels"], plain["labels"])  # the same examples, in order
+        assert packed["input_ids"].shape == (16, 64)  # one row per example, at full width
+        halves = [batching.process_slice(packed, host, 2) for host in range(2)]
+        for host, local in enumerate(halves):
+            np.testing.assert_array_equal(local["labels"], plain["labels"][host * 8 : (host + 1) * 8])
+            # The host's packed rows unpack to its own examples with its own index.
+            real = local["attention_mask"].astype(bool)
+            np.testing.assert_array_equal(
+                _unpack_np(local, "packed_input_ids")[real], local["input_ids"][real]
+            )
+    stream = batching.train_batches(ds, start_step=11, scheme=batching.PACKED, groups=4, **common)
+    resumed = [next(stream) for _ in range(3)]
+    for step, batch in zip((11, 12, 13), resumed, strict=True):
+        again = batching.train_batch(ds, step=step, scheme=batching.PACKED, groups=4, **common)
+        for key in batch:
+            np.testing.assert_array_equal(batch[key], again[key])
+
+
+def test_token_counts_count_the_packed_rows_computed():
+    ds = make_dataset(300, seed=2)
+    buckets = batching.train_buckets(128, 16)
+    order = batching.TrainOrder(batching.PACKED, buckets, group_examples=4)
+    real, padding = batching.token_counts(ds["lengths"], steps=50, global_batch_size=8, seed=1, order=order)
+    stream = batching.train_batches(
+        ds, start_step=0, global_batch_size=8, seed=1, buckets=buckets, scheme=batching.PACKED, groups=2
+    )
+    batches = [next(stream) for _ in range(50)]
+    assert real == sum(int(b["attention_mask"].sum()) for b in batches)
+    assert real + padding == sum(b["packed_input_ids"].size for b in batches)
+    random_real, random_padding = batching.token_counts(
+        ds["lengths"], steps=50, global_batch_size=8, seed=1, order=order.unpacked
+    )
+    assert random_real == real and random_padding > padding
+
+
+def test_the_config_selects_packed_with_a_truthful_compile_bound_and_refuses_micro_batches():
+    config = tiny.get_config("batching.scheme=packed")
+    order = spec.resolve(config).train_order
+    assert (order.scheme, order.group_examples) == (batching.PACKED, config.per_device_batch_size)
+    assert order.unpacked.scheme == batching.RANDOM
+    config = tiny.get_config("batching.scheme=packed,per_device_batch_size=32")
+    assert spec.resolve(config).train_order.max_compilations == 16  # len(row_buckets(32))
+    config.grad_accum_steps = 2
+    with pytest.raises(ConfigError, match=r"^config\.batching\.scheme='packed' needs grad_accum_steps=1"):
+        spec.resolve(config)
+    with pytest.raises(ConfigError, match=r"^config\.batching\.scheme='sorted': choose length_grouped or "):
+        spec.resolve(tiny.get_config("batching.scheme=sorted"))
+
+
+# The encoder.
+
+FAMILIES = {
+    "bert": bert.tiny_config(),
+    "roberta": dataclasses.replace(
+        bert.tiny_config(), model_type="roberta", pad_token_id=1, type_vocab_size=1
+    ),
+    "distilbert": dataclasses.replace(bert.tiny_config(), model_type="distilbert", type_vocab_size=0),
+}
+LENGTHS = (32, 5, 17, 1, 9, 30, 2, 12)
+
+
+def _family_batch(config: bert.BertConfig, groups: int) -> dict[str, np.ndarray]:
+    batch = _packed_batch(LENGTHS, groups)
+    real = batch["attention_mask"].astype(bool)
+    # Real tokens never the padding id (RoBERTa counts positions by it), padding always it.
+    ids = np.where(real, np.maximum(batch["input_ids"], config.pad_token_id + 1), config.pad_token_id)
+    if config.type_vocab_size < 2:
+        batch["token_type_ids"] = np.zeros_like(ids)
+    return {
+        **batch,
+        "input_ids": ids.astype(np.int32),
+        **packing.pack(ids, batch["token_type_ids"], np.asarray(LENGTHS), groups=groups),
+    }
+
+
+def _loss_and_grads(model: bert.BertModel, batch: dict, packed: bool):
+    graphdef, params = nnx.split(model)
+    real = jnp.asarray(batch["attention_mask"], jnp.float32)[:, :, None]
+    weights = jax.random.normal(jax.random.key(1), (model.config.hidden_size,))
+
+    def run(p):
+        m = nnx.merge(graphdef, p)
+        if packed:
+            return m.packed(Packed.of(batch), deterministic=True)
+        return m(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], deterministic=True)
+
+    def loss(p):
+        out = run(p)
+        return sum(jnp.sum(jnp.tanh(h * weights) * real) for h in out.hidden_states) + jnp.sum(
+            jnp.tanh(out.pooled)
+        )
+
+    return run(params), jax.value_and_grad(loss)(params)
+
+
+@pytest.mark.parametrize("kind", ["einsum", "dot_product"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_packed_encoder_equals_the_unpacked_one_on_every_example_and_layer(family, kind):
+    config = FAMILIES[family]
+    model = bert.BertModel(config, attention=kind, rngs=nnx.Rngs(0))
+    batch = _family_batch(config, groups=2)
+    plain, (plain_loss, plain_grads) = _loss_and_grads(model, batch, packed=False)
+    packed, (packed_loss, packed_grads) = _loss_and_grads(model, batch, packed=True)
+    real = batch["attention_mask"].astype(bool)
+    assert len(packed.hidden_states) == config.num_hidden_layers + 1
+    for a, b in zip(packed.hidden_states, plain.hidden_states, strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(np.asarray(a)[real], np.asarray(b)[real], atol=1e-5)
+    np.testing.assert_allclose(packed.pooled, plain.pooled, atol=1e-5)
+    np.testing.assert_allclose(packed_loss, plain_loss, rtol=1e-5)
+    assert_trees_close(packed_grads, plain_grads, atol=1e-5, scaled=1e-5)
+
+
+def test_positions_past_the_table_are_refused_as_unpacked():
+    config = FAMILIES["roberta"]  # 128 positions from 2: 126 tokens
+    model = bert.BertModel(config, rngs=nnx.Rngs(0))
+    batch = _packed_batch([128, 3], groups=1, width=128)
+    with pytest.raises(Exception, match="sequence length 128 exceeds"):
+        model.packed(Packed.of(batch), deterministic=True)
+
+
+# The train step.
+
+
+def _with_packing(batch: dict[str, np.ndarray], groups: int) -> dict[str, np.ndarray]:
+    lengths = batch["attention_mask"].sum(axis=1)
+    return {**batch, **packing.pack(batch["input_ids"], batch["token_type_ids"], lengths, groups=groups)}
+
+
+def _step(setup, batch, devices: int):
+    """Two steps (the first one's warmup learning rate is 0) of test_grad_accum's phase step over
+    `devices` devices."""
+    _, task, graphdef, params, _, phase = setup
+    mesh = sharding.make_mesh(jax.devices()[:devices])
+    phase_step = loop.build_phase_step(
+        phase, 1, params, graphdef=graphdef, objective=task.objective, mesh=mesh, seed=0, max_grad_norm=1.0
+    )
+    state = steps.TrainState(**phase_step.init_state(params))
+    for _ in range(2):
+        state, metrics = phase_step.train_step(state, sharding.put_batch(batch, mesh), with_norms=False)
+    return jax.device_get(state.params), jax.device_get(metrics)
+
+
+def test_a_packed_train_step_equals_the_unpacked_step_on_one_and_eight_devices():
+    setup = _setup()
+    batch = dict(setup[4], example_mask=np.ones(len(setup[4]["labels"]), np.float32))
+    plain, m_plain = _step(setup, batch, 1)
+    packed, m_packed = _step(setup, _with_packing(batch, groups=1), 1)
+    np.testing.assert_allclose(m_packed["loss"], m_plain["loss"], rtol=1e-5)
+    np.testing.assert_allclose(m_packed["grad_norm"], m_plain["grad_norm"], rtol=1e-4)
+    assert float(m_packed["real_tokens"]) == float(m_plain["real_tokens"])
+    close = {"rtol": 1e-4, "atol": 1e-6}
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **close), packed, plain)
+    # Packed in 8 groups (one per device): 8 devices take the step 1 device takes.
+    eight = _with_packing(batch, groups=8)
+    one_device, m_one = _step(setup, eight, 1)
+    eight_devices, m_eight = _step(setup, eight, 8)
+    np.testing.assert_allclose(m_eight["loss"], m_one["loss"], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **close), eight_devices, one_device)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **close), one_device, plain)
+
+
+@pytest.mark.slow
+def test_a_packed_run_trains_end_to_end(tmp_path):
+    config = tiny.get_config("strategy=finetune_only,batching.scheme=packed")
+    results = train.run(config, tmp_path)
+    assert 0.0 <= results["final"]["dev"]["accuracy"] <= 1.0
+    recorded = json.loads((tmp_path / "results.json").read_text())
+    assert recorded["config"]["batching"]["scheme"] == "packed"
+    total = recorded["compute"]["total"]
+    assert total["tokens_real"] > 0 and total["tokens_padding"] >= 0
