@@ -318,10 +318,13 @@ def test_an_unknown_scheme_is_refused():
 # The batching config (config.batching).
 
 
-def test_new_runs_draw_random_batches_in_fine_buckets_and_the_mini_presets_keep_the_committed_ones():
+def test_new_runs_pack_random_batches_and_the_mini_presets_keep_the_committed_ones():
+    # Packed, one group of per_device_batch_size examples per device; fine buckets for cached phases.
     assert spec.resolve(tiny.get_config()).train_order == batching.TrainOrder(
-        batching.RANDOM, (16, 32), batching.GROUP_BATCHES, batching.BATCH_MEAN
+        batching.PACKED, (16, 32), batching.GROUP_BATCHES, batching.BATCH_MEAN, group_examples=1
     )
+    order = spec.resolve(tiny.get_config("per_device_batch_size=4")).train_order
+    assert (order.scheme, order.group_examples) == (batching.PACKED, 4)
     for preset in ("configs/quora.py:mini", "configs/conll03.py:mini", "configs/yahoo.py:mini"):
         order = spec.resolve(config_cli.load(preset, []), recorded=True).train_order
         assert (order.scheme, order.buckets) == (batching.RANDOM, batching.length_buckets(128)), preset
@@ -419,7 +422,7 @@ def test_resuming_with_another_batching_is_refused_like_any_changed_key(tmp_path
     bind("log_every_steps=3")  # a neutral key: the same run
     with pytest.raises(
         workdirs.ConfigMismatch,
-        match=re.escape("config.batching.scheme: 'random' recorded, 'length_grouped' now"),
+        match=re.escape("config.batching.scheme: 'packed' recorded, 'length_grouped' now"),
     ):
         bind("batching.scheme=length_grouped")
     with pytest.raises(
@@ -431,14 +434,16 @@ def test_resuming_with_another_batching_is_refused_like_any_changed_key(tmp_path
         match=re.escape("config.batching.loss_weighting: 'batch_mean' recorded, 'corpus_mean' now"),
     ):
         bind("batching.loss_weighting=corpus_mean")
-    # A workdir recorded before the key ran the doubling buckets: resuming it under today's default is
-    # refused, and with the batching it ran it resumes.
+    # A workdir recorded before the key ran random batches in the doubling buckets: resuming it under
+    # today's default is refused, and with the batching it ran it resumes.
     record = json.loads((tmp_path / workdirs.CONFIG_FILE).read_text())
     del record["config"]["batching"]
     (tmp_path / workdirs.CONFIG_FILE).write_text(json.dumps(record))
     with pytest.raises(workdirs.ConfigMismatch, match="config.batching.bucket_tokens: 0 recorded, 16 now"):
         bind()
-    bind("batching.bucket_tokens=0")
+    with pytest.raises(workdirs.ConfigMismatch, match="config.batching.scheme: 'random' recorded, 'packed' now"):
+        bind("batching.bucket_tokens=0")
+    bind("batching.scheme=random,batching.bucket_tokens=0")
 
 
 def test_compute_counts_each_phases_real_and_padding_tokens():

@@ -49,9 +49,10 @@ def get_config() -> ml_collections.ConfigDict:
     # length_grouped (each mega-batch of group_batches batches sorted by length, batches in random order:
     # a third of the padding, but on CoNLL-2003 at 300 steps every grouped run scored below every random
     # one, about 1 F1 point; benchmarks/RESULTS.md §12) |
-    # packed (random's batches, the encoder computing them packed several examples per row and unpacking
-    # its outputs: the same examples per step, a fraction of the padding; data/packing.py)
-    c.batching.scheme = "random"
+    # packed (the default: random's batches, the encoder computing them packed several examples per row
+    # and unpacking its outputs: the same examples per step, a tenth of the padding on CoNLL-2003 and dev
+    # F1 inside random's seed spread; data/packing.py, benchmarks/RESULTS.md §15)
+    c.batching.scheme = "packed"
     # Training batches pad to the next multiple of this (or max_seq_length): a phase's train step compiles
     # at most ceil(max_seq_length / bucket_tokens) times; 0: the doubling buckets 32, 64, ..., max_seq_length
     c.batching.bucket_tokens = 16
