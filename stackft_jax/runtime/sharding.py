@@ -31,10 +31,9 @@ def global_batch_size(per_device_batch_size: int, mesh: Mesh) -> int:
 
 def put_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
     """This process's rows of the global batch -> global arrays sharded over `data`."""
-    sharding = data_sharded(mesh)
-    return {
-        key: jax.make_array_from_process_local_data(sharding, value) for key, value in local_batch.items()
-    }
+    # The whole dict in one call: on one process JAX makes it one device_put of every array, about 40%
+    # less host time than a call per array, which the prefetch thread pays every step (RESULTS.md §14).
+    return jax.make_array_from_process_local_data(data_sharded(mesh), local_batch)
 
 
 def local_copy(leaf) -> np.ndarray:

@@ -405,7 +405,9 @@ class _StepBar:
     """The phase's progress bar (process 0). It counts finished steps without stalling the pipeline: up
     to `IN_FLIGHT` steps stay queued on the device, the host waits only for the oldest beyond them."""
 
-    IN_FLIGHT = 2
+    # Three rather than two: a host pause (the prefetch thread holding the GIL, a train log, the OS
+    # scheduling another process) as long as two short steps still leaves the device a step to run.
+    IN_FLIGHT = 3
 
     def __init__(self, phase: phases.Phase, step: int):
         self.tqdm = tqdm(
