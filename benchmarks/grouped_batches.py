@@ -1,7 +1,7 @@
 """Time to result, old batching against new: random batches in the doubling buckets (what the committed
-grids ran, "old") against config.batching's default (random batches in buckets of 16 tokens, "new"),
-against length-grouped batches in buckets of 16 tokens weighed by the corpus mean ("grouped", opt-in) and
-against the default's batches packed for the encoder ("packed", opt-in).
+grids ran, "old") against config.batching's default (random batches packed for the encoder, "new"),
+against random batches in buckets of 16 tokens (the default before packing, "random16") and against
+length-grouped batches in buckets of 16 tokens weighed by the corpus mean ("grouped", opt-in).
 
   nice -n 10 python -m benchmarks.grouped_batches               # QQP at 48 and 128, CoNLL-2003 at 128
   python -m benchmarks.grouped_batches --offline                # the real-token shares alone (seconds)
@@ -39,11 +39,18 @@ from stackft_jax.training import compute
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO.parent / "shared" / "data"
-# The default, the old scheme (what runs recorded before config.batching ran) and length grouping, in the
-# order they run: a benchmark cut short on a busy machine keeps the default's run of each case.
+# The default, the old scheme (what runs recorded before config.batching ran), the default before
+# packing and length grouping, in the order they run: a benchmark cut short on a busy machine keeps the
+# default's run of each case.
 SCHEMES = {
     "new": {f"batching.{key}": value for key, value in defaults.get_config().batching.items()},
     "old": {f"batching.{key}": value for key, value in config_cli.LEGACY_BATCHING.items()},
+    "random16": {
+        "batching.scheme": "random",
+        "batching.bucket_tokens": 16,
+        "batching.group_batches": 50,
+        "batching.loss_weighting": "batch_mean",
+    },
     "grouped": {
         "batching.scheme": "length_grouped",
         "batching.bucket_tokens": 16,
@@ -51,8 +58,6 @@ SCHEMES = {
         "batching.loss_weighting": "corpus_mean",
     },
 }
-# The default's batches (same examples per step), the encoder computing them packed (data/packing.py).
-SCHEMES["packed"] = {**SCHEMES["new"], "batching.scheme": "packed"}
 # Shares counted offline, besides the two run: (scheme, bucket_tokens).
 OFFLINE = [
     ("random", 0),
@@ -208,7 +213,7 @@ GRIDS = {
 def grid_cost(folder: Path, speedup: float) -> dict:
     """A committed grid's recorded cost (the sum of its runs' wall seconds, what its reading page quotes)
     and the same with every phase that trains the backbone taking 1/`speedup` of its recorded seconds
-    (compute.run_compute says which phases do): what the grid would cost with length-grouped batches,
+    (compute.run_compute says which phases do): what the grid would cost with the default batching,
     its frozen-backbone phases (cached features) unchanged."""
     recorded = saved = 0.0
     runs = sorted(d for d in (folder / "runs").iterdir() if (d / "results.json").is_file())
@@ -247,7 +252,7 @@ def table(results: dict) -> str:
                 f"| {run['wall_s']:.0f} | {run['cpu_s']:.0f} | {run['compilation_s']:.0f} "
                 f"| {run['train_steps_s']:.0f} | {run['evaluation_s']:.0f} | {name} {score:.4f} |"
             )
-        for base, kind in (("old", "new"), ("old", "grouped"), ("new", "packed")):
+        for base, kind in (("old", "new"), ("random16", "new"), ("old", "grouped")):
             if {base, kind} <= set(record.get("runs", {})):
                 old, new = record["runs"][base], record["runs"][kind]
                 loop_ratio = old["train_steps_s"] / new["train_steps_s"]

@@ -367,15 +367,21 @@ def test_grouped_batches(tmp_path):
     assert _read(out)["results"] == payload["results"]
     record = payload["results"]["tiny"]
     runs = record["runs"]
-    assert set(runs) == {"old", "new", "grouped"}
+    assert set(runs) == {"old", "new", "random16", "grouped"}
     for kind, run in runs.items():
         assert run["steps"] == 4 and run["cpu_s"] > 0 and run["wall_s"] > 0
         assert "accuracy" in run["dev"]
         # The run's own count (results.json compute) is the offline count of the same scheme.
-        scheme = {"old": "random / doubling", "new": "random / 16", "grouped": "length_grouped / 16"}[kind]
+        scheme = {
+            "old": "random / doubling",
+            "new": "packed / 16",
+            "random16": "random / 16",
+            "grouped": "length_grouped / 16",
+        }[kind]
         assert run["real_token_share"] == record["offline"]["shares"][scheme]["real_token_share"]
     assert "| tiny | old / new |" in payload["table_markdown"]
     assert "| tiny | old / grouped |" in payload["table_markdown"]
+    assert "| tiny | random16 / new |" in payload["table_markdown"]
 
 
 @pytest.mark.slow
