@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 COMMITTED = {
     "docs/grids/paper_qqp_short": "configs/experiments/paper_qqp.py:short",
     "docs/grids/paper_qqp_small": "configs/experiments/paper_qqp.py:small",
-    "docs/grids/paper_qqp_test": "configs/experiments/paper_qqp.py:test",
+    "docs/grids/paper_qqp_test": "configs/experiments/paper_qqp.py:test_no_cache",
     "docs/grids/phase1_dropout_small": "configs/experiments/phase1_dropout.py:small",
     "docs/grids/phase1_dropout_separate": "configs/experiments/phase1_dropout.py:separate",
     "docs/grids/paper_conll_small": "configs/experiments/paper_conll.py:small",
