@@ -441,7 +441,8 @@ def test_resuming_with_another_batching_is_refused_like_any_changed_key(tmp_path
     (tmp_path / workdirs.CONFIG_FILE).write_text(json.dumps(record))
     with pytest.raises(workdirs.ConfigMismatch, match="config.batching.bucket_tokens: 0 recorded, 16 now"):
         bind()
-    with pytest.raises(workdirs.ConfigMismatch, match="config.batching.scheme: 'random' recorded, 'packed' now"):
+    mismatch = "config.batching.scheme: 'random' recorded, 'packed' now"
+    with pytest.raises(workdirs.ConfigMismatch, match=mismatch):
         bind("batching.bucket_tokens=0")
     bind("batching.scheme=random,batching.bucket_tokens=0")
 

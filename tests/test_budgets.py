@@ -187,7 +187,12 @@ def test_a_committed_grids_matched_runs_plan_the_steps_and_budget_they_ran(task,
     grid.plan_grid(g, copy)  # the same grid: its record without the key reads as naming these cells
     # The committed report says which heads each matched cell's budget counted.
     report = json.loads((REPO / folder / "report.json").read_text())
-    assert {row["head_flops"] for row in report["matched_budgets"]} == {"light"}
+    plan = {
+        row["head_flops"] for row in report["matched_budgets"] if "no_cache" not in row["cell"]["strategy"]
+    }
+    assert plan == {"light"}
+    # The no-cache cells, where committed (test_no_cache), count every head.
+    assert {row["head_flops"] for row in report["matched_budgets"]} - plan <= {"every"}
     assert "| light heads only |" in (REPO / folder / "report.md").read_text()
 
 
