@@ -101,7 +101,7 @@ def test_the_learning_curve_grids_hold_out_selection_and_span_their_budgets(pres
     config = grid.run_config(g, found[-1])
     assert config.data.selection_fraction == 0.1 and config.budget_steps == budgets[-1]
     assert (config.batching.scheme, config.batching.bucket_tokens, config.batching.loss_weighting) == (
-        "random",
+        "packed",
         16,
         "batch_mean",
     )
