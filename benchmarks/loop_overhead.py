@@ -135,6 +135,7 @@ def raw_windows(config, window: int, windows: int) -> list[float]:
         scheme=run_spec.train_order.scheme,
         group_batches=run_spec.train_order.group_batches,
         groups=run_spec.train_order.groups(global_batch),
+        micro_batches=run_spec.train_order.micro_batches,
     )
     batches = [sharding.put_batch(next(feed), mesh) for _ in range(window * (windows + 1))]
     jax.block_until_ready(batches)

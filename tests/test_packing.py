@@ -1,7 +1,8 @@
 """batching.scheme=packed (data/packing.py, BertModel.packed): the layout (every token once, groups local
-to their devices, deterministic, bounded shapes), the encoder over packed rows equal to the unpacked
-encoder on every example, layer and family, a packed train step equal to the unpacked one on 1 and 8
-devices, and a run end to end."""
+to their devices, deterministic, bounded shapes; with micro-batches, each strided micro-batch its own
+packing), the encoder over packed rows equal to the unpacked encoder on every example, layer and family,
+a packed train step equal to the unpacked one on 1 and 8 devices, with and without gradient
+accumulation, and a run end to end."""
 
 import dataclasses
 import json
@@ -80,6 +81,61 @@ def test_every_token_lands_once_inside_its_group_and_unpacks_to_its_example(grou
         np.testing.assert_array_equal(again[key], batch[key])
 
 
+def _strided(x: np.ndarray, k: int, j: int) -> np.ndarray:
+    """Micro-batch j of k as the train step splits an array (steps._accumulated): rows j, j + k, ..."""
+    return np.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1)[j]
+
+
+@pytest.mark.parametrize(("devices", "k"), [(1, 2), (2, 2), (2, 4)])
+def test_each_strided_micro_batch_is_the_packing_of_its_own_examples_on_its_own_devices(devices, k):
+    rng = np.random.default_rng(10 * devices + k)
+    lengths = rng.integers(1, WIDTH + 1, 16)
+    lengths[rng.permutation(16)[:8]] = rng.integers(1, 6, 8)  # short ones to share rows
+    per_device = 16 // devices
+    # Token t of example i is 100 * (i + 1) + t: every packed token names its example.
+    ids = (100 * np.arange(1, 17)[:, None] + np.arange(WIDTH)[None]).astype(np.int32)
+    ids = ids * (np.arange(WIDTH)[None] < lengths[:, None])
+    types = (np.arange(WIDTH)[None] >= lengths[:, None] // 2).astype(np.int32) * (ids > 0)
+    batch = {"input_ids": ids, "token_type_ids": types}
+    batch |= packing.pack(ids, types, lengths, groups=devices * k, micro_batches=k)
+    rows_per_group = batch["packed_input_ids"].shape[0] // (devices * k)
+    assert rows_per_group in packing.row_buckets(per_device // k)
+    assert batch["unpack_index"].shape == (devices * k, per_device // k, WIDTH)
+    seen = []
+    for j in range(k):
+        micro = {key: _strided(value, k, j) for key, value in batch.items()}
+        real = micro["input_ids"] > 0
+        # The micro-batch unpacks to its own examples ...
+        for key in ("input_ids", "token_type_ids"):
+            np.testing.assert_array_equal(_unpack_np(micro, f"packed_{key}")[real], micro[key][real])
+        # ... and is what packing those examples alone gives, up to the rows the other micro-batches'
+        # groups needed beyond its own (padding).
+        alone = packing.pack(micro["input_ids"], micro["token_type_ids"], lengths[j::k], groups=devices)
+        np.testing.assert_array_equal(micro["unpack_index"], alone["unpack_index"])
+        for key in packing.PACKED_ARRAYS[:-1]:
+            ours = micro[key].reshape(devices, rows_per_group, WIDTH)
+            theirs = alone[key].reshape(devices, -1, WIDTH)
+            np.testing.assert_array_equal(ours[:, : theirs.shape[1]], theirs)
+            assert not ours[:, theirs.shape[1] :].any()
+        seen += [int(t) // 100 - 1 for t in micro["packed_input_ids"].ravel() if t]
+    # Every token of every example once, over the micro-batches.
+    assert sorted(seen) == sorted(np.repeat(np.arange(16), lengths).tolist())
+    # Each device's block of rows holds its own examples only, so a host keeps its own (process_slice).
+    for d in range(devices):
+        local = batching.process_slice(batch, d, devices)
+        owners = {int(t) // 100 - 1 for t in local["packed_input_ids"].ravel() if t}
+        assert owners == set(range(d * per_device, (d + 1) * per_device))
+        for j in range(k):
+            micro = {key: _strided(value, k, j) for key, value in local.items()}
+            real = micro["input_ids"] > 0
+            unpacked = _unpack_np(micro, "packed_input_ids")
+            np.testing.assert_array_equal(unpacked[real], micro["input_ids"][real])
+    # One micro-batch: the layout without micro-batches, array for array.
+    plain = packing.pack(ids, types, lengths, groups=devices)
+    for key, value in packing.pack(ids, types, lengths, groups=devices, micro_batches=1).items():
+        np.testing.assert_array_equal(value, plain[key])
+
+
 def test_first_fit_decreasing_and_the_row_buckets():
     rows, offsets, used = packing.first_fit_decreasing(np.array([3, 8, 5, 5, 2]), 10)
     # 8 -> row 0; 5 (first) -> row 1; 5 -> row 1; 3 -> row 2; 2 -> row 0.
@@ -135,17 +191,46 @@ def test_token_counts_count_the_packed_rows_computed():
         ds["lengths"], steps=50, global_batch_size=8, seed=1, order=order.unpacked
     )
     assert random_real == real and random_padding > padding
+    # With micro-batches: the rows packed per (device, micro-batch) group.
+    order = dataclasses.replace(order, group_examples=2, micro_batches=2)
+    assert order.groups(8) == 4
+    real, padding = batching.token_counts(ds["lengths"], steps=20, global_batch_size=8, seed=1, order=order)
+    stream = batching.train_batches(
+        ds,
+        start_step=0,
+        global_batch_size=8,
+        seed=1,
+        buckets=buckets,
+        scheme=batching.PACKED,
+        groups=4,
+        micro_batches=2,
+    )
+    batches = [next(stream) for _ in range(20)]
+    assert real == sum(int(b["attention_mask"].sum()) for b in batches)
+    assert real + padding == sum(b["packed_input_ids"].size for b in batches)
 
 
-def test_the_config_selects_packed_with_a_truthful_compile_bound_and_refuses_micro_batches():
+def test_the_config_selects_packed_with_a_truthful_compile_bound_with_and_without_micro_batches():
     config = tiny.get_config("batching.scheme=packed")
     order = spec.resolve(config).train_order
     assert (order.scheme, order.group_examples) == (batching.PACKED, config.per_device_batch_size)
     assert order.unpacked.scheme == batching.RANDOM
     config = tiny.get_config("batching.scheme=packed,per_device_batch_size=32")
     assert spec.resolve(config).train_order.max_compilations == 16  # len(row_buckets(32))
+    # Micro-batches: the same groups of a per-device micro-batch, so the same bound; k per device.
     config.grad_accum_steps = 2
-    with pytest.raises(ConfigError, match=r"^config\.batching\.scheme='packed' needs grad_accum_steps=1"):
+    order = spec.resolve(config).train_order
+    assert (order.micro_batches, order.group_examples, order.max_compilations) == (2, 32, 16)
+    assert order.groups(32 * 8 * 2) == 16  # 8 devices x 2 micro-batches
+    with pytest.raises(ValueError, match="does not split into 2 micro-batch"):
+        order.groups(32 * 3)
+    # The other schemes do not read it: their orders stay equal whatever the step's split.
+    config.batching.scheme = batching.RANDOM
+    random = spec.resolve(tiny.get_config("batching.scheme=random")).train_order
+    assert spec.resolve(config).train_order == random
+    config = tiny.get_config("batching.scheme=packed")
+    config.grad_accum_steps = 0
+    with pytest.raises(ConfigError, match=r"^config\.grad_accum_steps=0: [^\n]*$"):
         spec.resolve(config)
     with pytest.raises(ConfigError, match=r"^config\.batching\.scheme='sorted': choose length_grouped or "):
         spec.resolve(tiny.get_config("batching.scheme=sorted"))
@@ -226,18 +311,27 @@ def test_positions_past_the_table_are_refused_as_unpacked():
 # The train step.
 
 
-def _with_packing(batch: dict[str, np.ndarray], groups: int) -> dict[str, np.ndarray]:
+def _with_packing(batch: dict[str, np.ndarray], groups: int, micro_batches: int = 1) -> dict[str, np.ndarray]:
     lengths = batch["attention_mask"].sum(axis=1)
-    return {**batch, **packing.pack(batch["input_ids"], batch["token_type_ids"], lengths, groups=groups)}
+    ids, types = batch["input_ids"], batch["token_type_ids"]
+    return {**batch, **packing.pack(ids, types, lengths, groups=groups, micro_batches=micro_batches)}
 
 
-def _step(setup, batch, devices: int):
+def _step(setup, batch, devices: int, grad_accum_steps: int = 1):
     """Two steps (the first one's warmup learning rate is 0) of test_grad_accum's phase step over
     `devices` devices."""
     _, task, graphdef, params, _, phase = setup
     mesh = sharding.make_mesh(jax.devices()[:devices])
     phase_step = loop.build_phase_step(
-        phase, 1, params, graphdef=graphdef, objective=task.objective, mesh=mesh, seed=0, max_grad_norm=1.0
+        phase,
+        1,
+        params,
+        graphdef=graphdef,
+        objective=task.objective,
+        mesh=mesh,
+        seed=0,
+        max_grad_norm=1.0,
+        grad_accum_steps=grad_accum_steps,
     )
     state = steps.TrainState(**phase_step.init_state(params))
     for _ in range(2):
@@ -264,9 +358,37 @@ def test_a_packed_train_step_equals_the_unpacked_step_on_one_and_eight_devices()
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **close), one_device, plain)
 
 
+@pytest.mark.parametrize("devices", [1, 2, 8])
+def test_a_packed_step_with_micro_batches_is_the_packed_and_the_unpacked_step_of_the_whole_batch(devices):
+    # test_grad_accum's float32 batch without dropout (three padding rows); packed per device and
+    # micro-batch, k = 2 micro-batches make the step of k = 1 packed, and of k = 2 unpacked.
+    setup = _setup()
+    batch = setup[4]
+    whole, m_whole = _step(setup, _with_packing(batch, groups=devices), devices)
+    plain, m_plain = _step(setup, batch, devices, grad_accum_steps=2)
+    accumulated, m_acc = _step(setup, _with_packing(batch, 2 * devices, micro_batches=2), devices, 2)
+    for reference in (m_whole, m_plain):
+        np.testing.assert_allclose(m_acc["loss"], reference["loss"], rtol=1e-5)
+        np.testing.assert_allclose(m_acc["grad_norm"], reference["grad_norm"], rtol=1e-4)
+        assert float(m_acc["count"]) == float(reference["count"]) == len(batch["labels"]) - 3
+    close = {"rtol": 1e-4, "atol": 1e-6}
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **close), accumulated, whole)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **close), accumulated, plain)
+    if len(batch["labels"]) // (2 * devices) > 1:
+        # The micro-batches' layout matters: packed as consecutive groups, the strided split would unpack
+        # other examples' tokens (a different step). With one example a group (8 devices) the two
+        # layouts coincide.
+        wrong, _ = _step(setup, _with_packing(batch, 2 * devices), devices, 2)
+        differs = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.abs(a - b).max()), wrong, plain))
+        assert max(differs) > 1e-4
+
+
 @pytest.mark.slow
-def test_a_packed_run_trains_end_to_end(tmp_path):
+@pytest.mark.parametrize("grad_accum_steps", [1, 2])
+def test_a_packed_run_trains_end_to_end(tmp_path, grad_accum_steps):
     config = tiny.get_config("strategy=finetune_only,batching.scheme=packed")
+    # With micro-batches, two examples a device in each: groups that pack several examples.
+    config.grad_accum_steps = config.per_device_batch_size = grad_accum_steps
     results = train.run(config, tmp_path)
     assert 0.0 <= results["final"]["dev"]["accuracy"] <= 1.0
     recorded = json.loads((tmp_path / "results.json").read_text())

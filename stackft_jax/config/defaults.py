@@ -147,7 +147,8 @@ def get_config() -> ml_collections.ConfigDict:
     # A run recorded before the key reads as select (what it ran; the two differ in the last bits).
     c.nonfinite_guard = "skip_update"
     # Micro-batches per optimizer step: each step sums the gradients of this many global batches (one
-    # effective batch of grad_accum_steps x global batch examples, which budgets and reports count).
+    # effective batch of grad_accum_steps x global batch examples, which budgets and reports count);
+    # batching.scheme=packed packs each micro-batch's examples apart (data/packing.py)
     c.grad_accum_steps = 1
     c.log_every_steps = 50  # training loss, gradient norm and examples/s to TensorBoard
     c.eval_every_steps = 500  # dev evaluation (and the phase-1 stop rules) every this many steps

@@ -384,11 +384,6 @@ def _train_order(config: ml_collections.ConfigDict) -> batching.TrainOrder:
             f"config.batching.group_batches={block.group_batches}: at least 1 (batches per mega-batch "
             "sorted by length)"
         )
-    if block.scheme == batching.PACKED and config.get("grad_accum_steps", 1) != 1:
-        raise ConfigError(
-            f"config.batching.scheme='packed' needs grad_accum_steps=1 (got {config.grad_accum_steps}): "
-            "micro-batches would cut across the packed rows; use random"
-        )
     return batching.TrainOrder.of(
         block.scheme,
         max_seq_length=length,
@@ -396,6 +391,8 @@ def _train_order(config: ml_collections.ConfigDict) -> batching.TrainOrder:
         group_batches=block.group_batches,
         loss_weighting=block.loss_weighting,
         per_device_batch_size=config.per_device_batch_size,
+        # packed lays its rows out for the step's strided micro-batches (data/packing.py)
+        grad_accum_steps=config.get("grad_accum_steps", 1),
     )
 
 

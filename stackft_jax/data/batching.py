@@ -24,13 +24,15 @@ How training draws its rows (`config.batching.scheme`, `TrainOrder`):
                   computes few padding tokens, and unpacks its outputs to one row per example of
                   max_seq_length tokens, so heads, losses and metrics see random's batch at full width.
                   Packing is exact (per-example positions, attention inside each example): only float
-                  summation order and dropout masks differ from random. The batch is packed in G groups
-                  of consecutive examples, G the devices it is sharded over (`groups`), each device's rows
-                  holding its own examples (G = global batch / per-device batch); a phase's train step
-                  compiles once per packed row count, at most len(packing.row_buckets(per-device
-                  batch)) times (16 at 32 examples a device; packing.py). Phases that read cached
-                  features run random's batches in `buckets` (`TrainOrder.unpacked`). Not with
-                  grad_accum_steps > 1 (micro-batches would cut across the packed rows).
+                  summation order and dropout masks differ from random. The batch is packed in G groups,
+                  one per device and micro-batch (`groups`; G = global batch / per-device batch), each
+                  device's rows holding its own examples; with grad_accum_steps = k > 1 each group
+                  holds one micro-batch's examples and the rows are interleaved so that the train
+                  step's strided micro-batches each get their own packing (`micro_batches`;
+                  packing.py). A phase's train step compiles once per packed row count, at most
+                  len(packing.row_buckets(per-device batch)) times (16 at 32 examples a device).
+                  Phases that read cached features run random's batches in `buckets`
+                  (`TrainOrder.unpacked`).
 Training buckets are every `bucket_tokens` tokens up to max_seq_length (`train_buckets`): a phase's
 train step compiles at most ceil(max_seq_length / bucket_tokens) times (8 at 128 tokens in steps of 16).
 
@@ -91,13 +93,16 @@ class TrainOrder:
     """How a phase's training batches are drawn and weighed (module docstring): `scheme` in SCHEMES, the
     batch lengths `buckets`, for length_grouped the batches per sorted mega-batch, and what a batch's
     summed loss is divided by (`loss_weighting` in LOSS_WEIGHTINGS); for packed, the examples packed
-    together (`group_examples`: the per-device batch)."""
+    together (`group_examples`: the per-device batch, one micro-batch's) and the micro-batches a
+    train step splits its batch into (`micro_batches`: grad_accum_steps), which the packing's layout
+    follows."""
 
     scheme: str = RANDOM
     buckets: tuple[int, ...] = (128,)
     group_batches: int = GROUP_BATCHES
     loss_weighting: str = BATCH_MEAN
     group_examples: int = 1
+    micro_batches: int = 1
 
     @classmethod
     def of(
@@ -109,6 +114,7 @@ class TrainOrder:
         group_batches: int,
         loss_weighting: str = BATCH_MEAN,
         per_device_batch_size: int = 1,
+        grad_accum_steps: int = 1,
     ) -> "TrainOrder":
         if scheme not in SCHEMES:
             raise ValueError(f"unknown batching scheme {scheme!r}: choose {' or '.join(SCHEMES)}")
@@ -116,9 +122,10 @@ class TrainOrder:
             choices = " or ".join(LOSS_WEIGHTINGS)
             raise ValueError(f"unknown loss weighting {loss_weighting!r}: choose {choices}")
         buckets = train_buckets(max_seq_length, bucket_tokens)
-        # Only packed reads group_examples: the other orders stay equal whatever the batch.
-        group_examples = per_device_batch_size if scheme == PACKED else 1
-        return cls(scheme, buckets, group_batches, loss_weighting, group_examples)
+        # Only packed reads group_examples and micro_batches: the other orders stay equal whatever the batch.
+        if scheme != PACKED:
+            per_device_batch_size = grad_accum_steps = 1
+        return cls(scheme, buckets, group_batches, loss_weighting, per_device_batch_size, grad_accum_steps)
 
     def loss_denominator(self, train: Dataset, global_batch_size: int) -> float | None:
         """What the train step divides a batch's summed loss by: None, the batch's own count
@@ -134,14 +141,17 @@ class TrainOrder:
         return len(self.buckets)
 
     def groups(self, global_batch_size: int) -> int:
-        """The groups a packed batch is packed in: one per device (module docstring); 1 unpacked."""
+        """The groups a packed batch is packed in: one per device and micro-batch (module docstring);
+        1 unpacked."""
         if self.scheme != PACKED:
             return 1
-        if global_batch_size % self.group_examples:
+        groups, rest = divmod(global_batch_size, self.group_examples)
+        if rest or groups % self.micro_batches:
             raise ValueError(
-                f"a global batch of {global_batch_size} does not split into groups of {self.group_examples}"
+                f"a global batch of {global_batch_size} does not split into {self.micro_batches} "
+                f"micro-batch(es) per device of groups of {self.group_examples}"
             )
-        return global_batch_size // self.group_examples
+        return groups
 
     @property
     def unpacked(self) -> "TrainOrder":
@@ -233,29 +243,33 @@ def train_batch(
     scheme: str = RANDOM,
     group_batches: int = GROUP_BATCHES,
     groups: int = 1,
+    micro_batches: int = 1,
 ) -> Batch:
     """Batch `step` of the endless shuffled stream; each epoch is a fresh permutation, batched as
-    `scheme` says (module docstring); packed in `groups` groups."""
+    `scheme` says (module docstring); packed in `groups` groups for a step of `micro_batches`."""
     epoch, i = divmod(step, steps_per_epoch(num_rows(ds), global_batch_size))
     batches = _epoch_batches(ds["lengths"], seed, epoch, global_batch_size, scheme, group_batches)
-    return _train_gather(ds, batches[i], buckets, scheme, groups)
+    return _train_gather(ds, batches[i], buckets, scheme, groups, micro_batches)
 
 
 def _train_gather(
-    ds: Dataset, indices: np.ndarray, buckets: tuple[int, ...], scheme: str, groups: int
+    ds: Dataset, indices: np.ndarray, buckets: tuple[int, ...], scheme: str, groups: int, micro_batches: int
 ) -> Batch:
     if scheme != PACKED:
         return _gather(ds, indices, buckets)
     # One row per example at full width (one shape, whatever the batch's longest), plus the packing.
     batch = _gather(ds, indices, buckets[-1:])
-    return {**batch, **packed_arrays(ds, indices, batch, groups)}
+    return {**batch, **packed_arrays(ds, indices, batch, groups, micro_batches)}
 
 
-def packed_arrays(ds: Dataset, indices: np.ndarray, batch: Batch, groups: int) -> Batch:
+def packed_arrays(
+    ds: Dataset, indices: np.ndarray, batch: Batch, groups: int, micro_batches: int = 1
+) -> Batch:
     """packing.pack of a full-width batch of `indices`; DistilBERT-style data without token types
     packs zeros."""
     token_types = batch.get("token_type_ids", np.zeros_like(batch["input_ids"]))
-    return packing.pack(batch["input_ids"], token_types, ds["lengths"][indices], groups=groups)
+    lengths = ds["lengths"][indices]
+    return packing.pack(batch["input_ids"], token_types, lengths, groups=groups, micro_batches=micro_batches)
 
 
 def train_batches(
@@ -269,6 +283,7 @@ def train_batches(
     group_batches: int = GROUP_BATCHES,
     with_index: bool = False,
     groups: int = 1,
+    micro_batches: int = 1,
 ) -> Iterator[Batch]:
     """train_batch(step) for step = start_step, start_step + 1, ... forever. `with_index` adds
     `index`, each row's example (what the feature cache looks features up by)."""
@@ -281,7 +296,7 @@ def train_batches(
             cached_epoch = epoch
             batches = _epoch_batches(ds["lengths"], seed, epoch, global_batch_size, scheme, group_batches)
         indices = batches[i]
-        batch = _train_gather(ds, indices, buckets, scheme, groups)
+        batch = _train_gather(ds, indices, buckets, scheme, groups, micro_batches)
         if with_index:
             batch["index"] = indices.astype(np.int32)
         yield batch
@@ -313,7 +328,10 @@ def token_counts(
         real += int(rows.sum())
         if order.scheme == PACKED:
             width, groups = int(buckets[-1]), order.groups(global_batch_size)
-            packed = sum(packing.packed_rows(batch, groups=groups, width=width) for batch in rows)
+            packed = sum(
+                packing.packed_rows(batch, groups=groups, width=width, micro_batches=order.micro_batches)
+                for batch in rows
+            )
             computed += packed * groups * width
             continue
         # The smallest bucket that fits each batch's longest row, as _gather pads it.
@@ -351,8 +369,9 @@ def eval_batches(
 def process_slice(batch: Batch, process_index: int, process_count: int) -> Batch:
     """This host's contiguous block of rows of a global batch (multi-host data loading): of each
     array, the `process_index`-th of `process_count` equal blocks of its leading axis. A packed batch's
-    packed rows ([G * Rg, L]) and unpack index ([G, B/G, L]) so split by group: each host keeps the
-    groups of its own examples (G is the global device count, a multiple of the hosts)."""
+    packed rows ([G * Rg, L]) and unpack index ([G, B/G, L]) so split by device: each host keeps the
+    groups of its own examples (G is the global device count times the micro-batches, and each
+    device's rows are one contiguous block; packing.py)."""
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index {process_index} is outside [0, {process_count})")
     local = {}

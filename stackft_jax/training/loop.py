@@ -726,12 +726,14 @@ def batch_feed(
     scheme: str = batching.RANDOM,
     group_batches: int = batching.GROUP_BATCHES,
     groups: int = 1,
+    micro_batches: int = 1,
 ) -> Iterator[batching.Batch]:
     """This process's rows of each global batch of a phase from `start_step` on, as host arrays: what the
     step loop feeds (benchmarks time the same feed). A pure function of (seed, phase, step), so a
     resumed phase replays the same batches. `with_index`: each row's example, which cached features are
-    looked up by. `scheme`, `group_batches`: batching.TrainOrder's; `groups`: the groups a packed batch
-    is packed in (TrainOrder.groups, one per device)."""
+    looked up by. `scheme`, `group_batches`: batching.TrainOrder's; `groups`, `micro_batches`: the groups a
+    packed batch is packed in (TrainOrder.groups, one per device and micro-batch) and the micro-batches
+    its step splits it into (TrainOrder.micro_batches, which the packed layout follows)."""
     batches = batching.train_batches(
         train,
         start_step=start_step,
@@ -742,6 +744,7 @@ def batch_feed(
         group_batches=group_batches,
         with_index=with_index,
         groups=groups,
+        micro_batches=micro_batches,
     )
     for batch in batches:
         yield batching.process_slice(batch, jax.process_index(), jax.process_count())
@@ -766,6 +769,7 @@ def device_batches(
         scheme=order.scheme,
         group_batches=order.group_batches,
         groups=order.groups(ctx.global_batch_size),
+        micro_batches=order.micro_batches,
     )
     for local in batches:
         if train_features is not None:

@@ -243,9 +243,10 @@ def _accumulated(
 ) -> tuple[jax.Array, dict[str, jax.Array], Any]:
     """Mean loss, summed stats and gradients of the batch over `k` micro-batches in a `lax.scan`.
     Micro-batch j is rows j, j+k, j+2k, ...: each device's shard of the batch holds its share of every
-    micro-batch, so no micro-batch waits on a subset of the devices. Summed losses, divided once by the
-    batch's count (or `loss_denominator`), make the gradient the whole batch's (not a mean of
-    micro-batch means)."""
+    micro-batch, so no micro-batch waits on a subset of the devices. A packed batch is laid out for
+    this split (data/packing.py): micro-batch j's rows of the packed arrays are its own packing.
+    Summed losses, divided once by the batch's count (or `loss_denominator`), make the gradient the
+    whole batch's (not a mean of micro-batch means)."""
     micro = jax.tree.map(lambda x: jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1), batch)
     grad_fn = jax.grad(_trainable_loss, has_aux=True)
 
