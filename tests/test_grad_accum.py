@@ -40,10 +40,11 @@ def _setup():
     return config, task, graphdef, state.to_pure_dict(), batch, phase
 
 
-def _phase_step(setup, **options) -> tuple[loop.PhaseStep, jax.sharding.Mesh]:
-    """The setup's phase step on one device (`options`: build_phase_step's step options) and its mesh."""
+def _phase_step(setup, devices: int = 1, **options) -> tuple[loop.PhaseStep, jax.sharding.Mesh]:
+    """The setup's phase step on the first `devices` devices (`options`: build_phase_step's step
+    options) and its mesh."""
     _, task, graphdef, params, _, phase = setup
-    mesh = sharding.make_mesh(jax.devices()[:1])
+    mesh = sharding.make_mesh(jax.devices()[:devices])
     phase_step = loop.build_phase_step(
         phase,
         1,

@@ -20,10 +20,10 @@ from stackft_jax.models import bert
 from stackft_jax.models.packed import Packed, unpack
 from stackft_jax.runtime import sharding
 from stackft_jax.runtime.cli_errors import ConfigError
-from stackft_jax.training import loop, steps, train
+from stackft_jax.training import steps, train
 from tests.test_attention import assert_trees_close
 from tests.test_batching import make_dataset
-from tests.test_grad_accum import _setup
+from tests.test_grad_accum import _phase_step, _setup
 
 WIDTH = 32
 
@@ -320,20 +320,8 @@ def _with_packing(batch: dict[str, np.ndarray], groups: int, micro_batches: int 
 def _step(setup, batch, devices: int, grad_accum_steps: int = 1):
     """Two steps (the first one's warmup learning rate is 0) of test_grad_accum's phase step over
     `devices` devices."""
-    _, task, graphdef, params, _, phase = setup
-    mesh = sharding.make_mesh(jax.devices()[:devices])
-    phase_step = loop.build_phase_step(
-        phase,
-        1,
-        params,
-        graphdef=graphdef,
-        objective=task.objective,
-        mesh=mesh,
-        seed=0,
-        max_grad_norm=1.0,
-        grad_accum_steps=grad_accum_steps,
-    )
-    state = steps.TrainState(**phase_step.init_state(params))
+    phase_step, mesh = _phase_step(setup, devices, grad_accum_steps=grad_accum_steps)
+    state = steps.TrainState(**phase_step.init_state(setup[3]))
     for _ in range(2):
         state, metrics = phase_step.train_step(state, sharding.put_batch(batch, mesh), with_norms=False)
     return jax.device_get(state.params), jax.device_get(metrics)
