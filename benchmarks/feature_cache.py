@@ -121,7 +121,7 @@ def run_mode(
         phase_index=0,
         start_step=0,
         global_batch_size=args.batch_size,
-        buckets=buckets,
+        order=batching.TrainOrder(buckets=buckets),
         with_index=cache is not None,
     )
     epochs = []

@@ -73,7 +73,7 @@ def batches_per_s(dataset, args, buckets, *, put: bool) -> dict:
         phase_index=0,
         start_step=0,
         global_batch_size=args.batch_size,
-        buckets=buckets,
+        order=batching.TrainOrder(buckets=buckets),
         with_index=False,
     )
     lengths: collections.Counter = collections.Counter()

@@ -130,12 +130,8 @@ def raw_windows(config, window: int, windows: int) -> list[float]:
         phase_index=0,
         start_step=0,
         global_batch_size=global_batch,
-        buckets=run_spec.train_order.buckets,
+        order=run_spec.train_order,
         with_index=False,
-        scheme=run_spec.train_order.scheme,
-        group_batches=run_spec.train_order.group_batches,
-        groups=run_spec.train_order.groups(global_batch),
-        micro_batches=run_spec.train_order.micro_batches,
     )
     batches = [sharding.put_batch(next(feed), mesh) for _ in range(window * (windows + 1))]
     jax.block_until_ready(batches)

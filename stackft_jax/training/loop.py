@@ -721,30 +721,25 @@ def batch_feed(
     phase_index: int,
     start_step: int,
     global_batch_size: int,
-    buckets: tuple[int, ...],
+    order: batching.TrainOrder,
     with_index: bool,
-    scheme: str = batching.RANDOM,
-    group_batches: int = batching.GROUP_BATCHES,
-    groups: int = 1,
-    micro_batches: int = 1,
 ) -> Iterator[batching.Batch]:
     """This process's rows of each global batch of a phase from `start_step` on, as host arrays: what the
     step loop feeds (benchmarks time the same feed). A pure function of (seed, phase, step), so a
-    resumed phase replays the same batches. `with_index`: each row's example, which cached features are
-    looked up by. `scheme`, `group_batches`: batching.TrainOrder's; `groups`, `micro_batches`: the groups a
-    packed batch is packed in (TrainOrder.groups, one per device and micro-batch) and the micro-batches
-    its step splits it into (TrainOrder.micro_batches, which the packed layout follows)."""
+    resumed phase replays the same batches. `order`: how the batches are drawn, padded and (packed) laid
+    out for the step's devices and micro-batches; `with_index`: each row's example, which cached features
+    are looked up by."""
     batches = batching.train_batches(
         train,
         start_step=start_step,
         global_batch_size=global_batch_size,
         seed=batching.phase_seed(seed, phase_index),
-        buckets=buckets,
-        scheme=scheme,
-        group_batches=group_batches,
+        buckets=order.buckets,
+        scheme=order.scheme,
+        group_batches=order.group_batches,
         with_index=with_index,
-        groups=groups,
-        micro_batches=micro_batches,
+        groups=order.groups(global_batch_size),
+        micro_batches=order.micro_batches,
     )
     for batch in batches:
         yield batching.process_slice(batch, jax.process_index(), jax.process_count())
@@ -764,12 +759,8 @@ def device_batches(
         phase_index=index,
         start_step=start_step,
         global_batch_size=ctx.global_batch_size,
-        buckets=order.buckets,
+        order=order,
         with_index=train_features is not None,
-        scheme=order.scheme,
-        group_batches=order.group_batches,
-        groups=order.groups(ctx.global_batch_size),
-        micro_batches=order.micro_batches,
     )
     for local in batches:
         if train_features is not None:
