@@ -14,7 +14,11 @@ Measured, on `jax.devices()`:
    sample), and the MFU its log windows report (results.json `phases[0].throughput`);
 4. peak device memory (`Device.memory_stats()` where the backend has it);
 5. bfloat16 against float32: the losses of the same steps on the same batches, and their largest
-   relative difference.
+   relative difference;
+6. packed rows (batching.scheme=packed, data/packing.py) on this device's attention path (cuDNN's fused
+   kernel with the segments as its mask on a GPU in bfloat16): the encoder's last layer and pooled
+   output over packed rows against the same batch unpacked, in bfloat16 and float32 (relative norm of
+   the difference over real tokens), and the real loop with packed against random batches.
 It writes one JSON (`--out`) and prints one table.
 """
 
@@ -26,9 +30,12 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from flax import nnx
 
 from benchmarks import cases, flops
 from benchmarks.machine import finish, machine_info
+from stackft_jax.data import packing
+from stackft_jax.models.packed import Packed
 from stackft_jax.runtime import sharding
 from stackft_jax.training import train
 
@@ -47,9 +54,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _config(args: argparse.Namespace, dtype: str):
+def _config(args: argparse.Namespace, dtype: str, attention: str = "auto"):
     config = cases.experiment_config(args.model, args.seq_len)
     config.model.dtype = dtype
+    config.model.attention = attention
     return config
 
 
@@ -58,10 +66,12 @@ def _peak_memory() -> int | None:
     return stats.get("peak_bytes_in_use")
 
 
-def time_step(args: argparse.Namespace, case: str, batch_size: int, dtype: str = "bfloat16") -> dict:
+def time_step(
+    args: argparse.Namespace, case: str, batch_size: int, dtype: str = "bfloat16", attention: str = "auto"
+) -> dict:
     """Median seconds of the jitted `case` step over `args.steps` calls (after one compiling call), and
     its losses."""
-    model = cases.build_jax(_config(args, dtype))
+    model = cases.build_jax(_config(args, dtype, attention))
     state, phase_step = cases.jax_phase_step(model, case, copy_params=False)
     batch = sharding.put_batch(cases.synthetic_batch(batch_size, args.seq_len, 30522), model.mesh)
     state, metrics = phase_step.train_step(state, batch)  # compiles
@@ -86,6 +96,7 @@ def time_step(args: argparse.Namespace, case: str, batch_size: int, dtype: str =
     return {
         "case": case,
         "dtype": dtype,
+        "attention": model.spec.model.attention,
         "batch_size": batch_size,
         "median_s": seconds,
         "examples_per_s": batch_size / seconds,
@@ -96,10 +107,52 @@ def time_step(args: argparse.Namespace, case: str, batch_size: int, dtype: str =
     }
 
 
-def real_loop(args: argparse.Namespace, batch_size: int) -> dict:
-    """A short run of the library's loop; the throughput its log windows recorded."""
+def _relative_difference(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def packed_parity(args: argparse.Namespace, batch_size: int, dtype: str) -> dict:
+    """The backbone over packed rows against the same batch unpacked (as task_model runs either), at
+    half the sequence length so that rows hold several examples: relative differences of the last
+    layer over real tokens and of the pooled output."""
+    model = cases.build_jax(_config(args, dtype))
+    batch = cases.synthetic_batch(batch_size, args.seq_len // 2, 30522, seed=1)
+    lengths = batch["attention_mask"].sum(axis=1)
+    groups = len(model.mesh.devices.flat)
+    packed = packing.pack(batch["input_ids"], batch["token_type_ids"], lengths, groups=groups)
+
+    @jax.jit
+    def encode(params: dict, device_batch: dict) -> tuple[jax.Array, jax.Array]:
+        backbone = nnx.merge(model.graphdef, params).backbone
+        if "packed_input_ids" in device_batch:
+            out = backbone.packed(Packed.of(device_batch), deterministic=True)
+        else:
+            ids, types, mask = (device_batch[k] for k in ("input_ids", "token_type_ids", "attention_mask"))
+            out = backbone(ids, types, mask, deterministic=True)
+        return out.hidden_states[-1], out.pooled
+
+    plain_last, plain_pooled = jax.device_get(encode(model.params, sharding.put_batch(batch, model.mesh)))
+    packed_last, packed_pooled = jax.device_get(
+        encode(model.params, sharding.put_batch({**batch, **packed}, model.mesh))
+    )
+    real = batch["attention_mask"].astype(bool)
+    return {
+        "dtype": dtype,
+        "attention": model.spec.model.attention,
+        "examples": batch_size,
+        "packed_rows": int(packed["packed_input_ids"].shape[0]),
+        "row_length": int(packed["packed_input_ids"].shape[1]),
+        "last_layer_relative_difference": _relative_difference(packed_last[real], plain_last[real]),
+        "pooled_relative_difference": _relative_difference(packed_pooled, plain_pooled),
+    }
+
+
+def real_loop(args: argparse.Namespace, batch_size: int, scheme: str = "packed") -> dict:
+    """A short run of the library's loop with `scheme` batches; the throughput its log windows recorded."""
     config = _config(args, "bfloat16")
     config.strategy = "finetune_only"
+    config.batching.scheme = scheme
     config.per_device_batch_size = max(1, batch_size // jax.device_count())
     config.phase2.num_steps = args.loop_steps
     config.log_every_steps = max(1, args.loop_steps // 3)
@@ -116,9 +169,15 @@ def main(argv: list[str] | None = None) -> dict:
     phase2 = [time_step(args, "full", b) for b in args.batch_sizes]
     phase1 = time_step(args, "phase1", args.batch_sizes[0])
     loop = real_loop(args, args.batch_sizes[0])
-    f32 = time_step(args, "full", args.batch_sizes[0], dtype="float32")
+    # The same attention path in both: "auto" picks cuDNN's kernel (no attention-probability dropout)
+    # in bfloat16 on a GPU but einsum (with it) in float32, which would compare two different models.
+    f32 = time_step(args, "full", args.batch_sizes[0], dtype="float32", attention=phase2[0]["attention"])
+    parity = [packed_parity(args, args.batch_sizes[0], dtype) for dtype in ("bfloat16", "float32")]
+    random_loop = real_loop(args, args.batch_sizes[0], scheme="random")
     bf16_losses, f32_losses = np.array(phase2[0]["losses"]), np.array(f32["losses"])
-    agreement = float(np.max(np.abs(bf16_losses - f32_losses) / np.abs(f32_losses)))
+    relative = np.abs(bf16_losses - f32_losses) / np.abs(f32_losses)
+    # The first loss is the same parameters on the same batch; later ones also carry the updates' drift.
+    agreement, first_step = float(np.max(relative)), float(relative[0])
     bare = phase2[0]["examples_per_s"]
     results = {
         "device_kind": devices[0].device_kind,
@@ -129,8 +188,12 @@ def main(argv: list[str] | None = None) -> dict:
         "phase1": phase1,
         "real_loop": loop,
         "real_loop_vs_bare_step": loop["examples_per_s"] / bare if loop["examples_per_s"] else None,
+        "real_loop_random_batches": random_loop,
+        "packed_parity": parity,
         "float32_losses": f32["losses"],
+        "float32_attention": f32["attention"],
         "bf16_vs_float32_max_relative_loss_difference": agreement,
+        "bf16_vs_float32_first_step_relative_loss_difference": first_step,
         "peak_memory_bytes": _peak_memory(),
     }
 
@@ -142,7 +205,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     rows = [row(f"phase-2 step, batch {r['batch_size']}", r) for r in phase2]
     rows.append(row(f"phase-1 step, batch {phase1['batch_size']}", phase1))
-    rows.append(row(f"real loop (logged), batch {args.batch_sizes[0]}", loop))
+    rows.append(row(f"real loop (logged), batch {args.batch_sizes[0]}, packed", loop))
+    rows.append(row(f"real loop (logged), batch {args.batch_sizes[0]}, random", random_loop))
     memory = results["peak_memory_bytes"]
     table = "\n".join(
         [
@@ -151,9 +215,15 @@ def main(argv: list[str] | None = None) -> dict:
             "| --- | --- | --- | --- |",
             *rows,
             f"real loop / bare step examples/s: {pct(results['real_loop_vs_bare_step'])}; "
-            f"bf16 vs float32 loss, largest relative difference over {len(f32_losses)} steps: "
-            f"{agreement:.2e}; "
+            f"bf16 vs float32 loss ({f32['attention']} attention), relative difference at the first step "
+            f"{first_step:.2e}, largest over {len(f32_losses)} steps {agreement:.2e}; "
             f"peak memory: {'n/a' if memory is None else f'{memory / 2**30:.2f} GiB'}",
+            *(
+                f"packed vs unpacked encoder ({p['dtype']}, {p['attention']}, {p['examples']} examples in "
+                f"{p['packed_rows']} rows of {p['row_length']}): relative difference last layer "
+                f"{p['last_layer_relative_difference']:.2e}, pooled {p['pooled_relative_difference']:.2e}"
+                for p in parity
+            ),
         ]
     )
     return finish("accelerator_check", args, machine, results, table)

@@ -440,4 +440,12 @@ def test_accelerator_check_smoke(tmp_path):
     assert results["real_loop"]["examples_per_s"] > 0 and results["real_loop"]["mfu"] is None
     # The same three steps on the same batch, bfloat16 against float32: close, not equal.
     assert 0 < results["bf16_vs_float32_max_relative_loss_difference"] < 0.05
+    assert 0 < results["bf16_vs_float32_first_step_relative_loss_difference"] < 0.01
+    assert results["float32_attention"] == results["phase2"][0]["attention"]
     assert len(results["float32_losses"]) == len(results["phase2"][0]["losses"]) == 3
+    # Packed rows (one group per device: here 8 groups of one example) against the same batch unpacked.
+    assert results["real_loop_random_batches"]["examples_per_s"] > 0
+    for parity in results["packed_parity"]:
+        assert parity["packed_rows"] <= parity["examples"]
+        assert parity["last_layer_relative_difference"] < (1e-5 if parity["dtype"] == "float32" else 1e-2)
+        assert parity["pooled_relative_difference"] < (1e-5 if parity["dtype"] == "float32" else 1e-2)
