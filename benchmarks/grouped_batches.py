@@ -1,6 +1,7 @@
 """Time to result, old batching against new: random batches in the doubling buckets (what the committed
 grids ran, "old") against config.batching's default (random batches packed for the encoder, "new"),
-against random batches in buckets of 16 tokens (the default before packing, "random16") and against
+against packed compiling every row count its batches need (no row plan: "packed_every"), against
+random batches in buckets of 16 tokens (the default before packing, "random16") and against
 length-grouped batches in buckets of 16 tokens weighed by the corpus mean ("grouped", opt-in).
 
   nice -n 10 python -m benchmarks.grouped_batches               # QQP at 48 and 128, CoNLL-2003 at 128
@@ -39,12 +40,17 @@ from stackft_jax.training import compute
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO.parent / "shared" / "data"
-# The default, the old scheme (what runs recorded before config.batching ran), the default before
-# packing and length grouping, in the order they run: a benchmark cut short on a busy machine keeps the
+# The default, the old scheme (what runs recorded before config.batching ran), packed without its row
+# plan, the default before packing and length grouping, in the order they run: a benchmark cut short on a busy machine keeps the
 # default's run of each case.
 SCHEMES = {
     "new": {f"batching.{key}": value for key, value in defaults.get_config().batching.items()},
     "old": {f"batching.{key}": value for key, value in config_cli.LEGACY_BATCHING.items()},
+    # Packed compiling every row count its batches need (the default before the row plan).
+    "packed_every": {
+        **{f"batching.{key}": value for key, value in defaults.get_config().batching.items()},
+        "batching.min_row_share": 0.0,
+    },
     "random16": {
         "batching.scheme": "random",
         "batching.bucket_tokens": 16,

@@ -52,6 +52,7 @@ def mini(c: ml_collections.ConfigDict) -> None:
     c.batching.scheme = "random"
     c.batching.bucket_tokens = 0
     c.batching.loss_weighting = "batch_mean"
+    c.batching.min_row_share = 0.0
     c.nonfinite_guard = "select"
 
 

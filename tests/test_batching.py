@@ -321,7 +321,12 @@ def test_an_unknown_scheme_is_refused():
 def test_new_runs_pack_random_batches_and_the_mini_presets_keep_the_committed_ones():
     # Packed, one group of per_device_batch_size examples per device; fine buckets for cached phases.
     assert spec.resolve(tiny.get_config()).train_order == batching.TrainOrder(
-        batching.PACKED, (16, 32), batching.GROUP_BATCHES, batching.BATCH_MEAN, group_examples=1
+        batching.PACKED,
+        (16, 32),
+        batching.GROUP_BATCHES,
+        batching.BATCH_MEAN,
+        group_examples=1,
+        min_row_share=0.05,
     )
     order = spec.resolve(tiny.get_config("per_device_batch_size=4")).train_order
     assert (order.scheme, order.group_examples) == (batching.PACKED, 4)
@@ -444,7 +449,11 @@ def test_resuming_with_another_batching_is_refused_like_any_changed_key(tmp_path
     mismatch = "config.batching.scheme: 'random' recorded, 'packed' now"
     with pytest.raises(workdirs.ConfigMismatch, match=mismatch):
         bind("batching.bucket_tokens=0")
-    bind("batching.scheme=random,batching.bucket_tokens=0")
+    with pytest.raises(
+        workdirs.ConfigMismatch, match="config.batching.min_row_share: 0.0 recorded, 0.05 now"
+    ):
+        bind("batching.scheme=random,batching.bucket_tokens=0")
+    bind("batching.scheme=random,batching.bucket_tokens=0,batching.min_row_share=0")
 
 
 def test_compute_counts_each_phases_real_and_padding_tokens():

@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from configs import tiny
-from stackft_jax.config import spec
+from stackft_jax.config import config_cli, spec
 from stackft_jax.data import batching, packing
 from stackft_jax.models import bert
 from stackft_jax.models.packed import Packed, unpack
@@ -208,6 +208,78 @@ def test_token_counts_count_the_packed_rows_computed():
     batches = [next(stream) for _ in range(20)]
     assert real == sum(int(b["attention_mask"].sum()) for b in batches)
     assert real + padding == sum(b["packed_input_ids"].size for b in batches)
+
+
+def test_the_row_plan_keeps_the_common_counts_and_the_largest_and_pads_the_rest_up():
+    needed = [5] * 140 + [6] * 138 + [4] * 10 + [7] * 11 + [8]  # CoNLL-2003's 300 batches (RESULTS §15)
+    assert packing.row_plan(needed, 0.05) == (5, 6, 8)
+    assert packing.row_plan(needed, 0.0) == (4, 5, 6, 7, 8)
+    assert packing.row_plan([3, 3, 3, 9], 0.5) == (3, 9)  # the largest is kept however rare
+    assert [packing.padded_rows(n, (5, 6, 8)) for n in (4, 5, 6, 7, 8)] == [5, 5, 6, 8, 8]
+    # Beyond the plan (a later batch of a long phase), or without one, a batch keeps its own bucket.
+    assert packing.padded_rows(10, (5, 6, 8)) == 10 and packing.padded_rows(4, None) == 4
+
+
+def test_a_phase_pads_rare_row_counts_up_to_its_plan_and_counts_what_it_computes():
+    # Lengths that need many row counts: most batches few rows, some many.
+    rng = np.random.default_rng(4)
+    lengths = np.where(rng.random(400) < 0.85, rng.integers(2, 20, 400), rng.integers(60, 129, 400))
+    ds = make_dataset(400, seed=4)
+    real_tokens = np.arange(128)[None] < lengths[:, None]
+    ds = {**ds, "lengths": lengths.astype(np.int32), "attention_mask": real_tokens.astype(np.int32)}
+    for key in ("input_ids", "token_type_ids"):
+        ds[key] = (ds[key] * real_tokens).astype(np.int32)
+    buckets = batching.train_buckets(128, 16)
+    every = batching.TrainOrder(batching.PACKED, buckets, group_examples=16)
+    order = dataclasses.replace(every, min_row_share=0.1).for_phase(lengths, global_batch_size=16, seed=3)
+    assert every.for_phase(lengths, global_batch_size=16, seed=3) is every  # no share, no plan
+    # The counts the phase's first PLAN_BATCHES batches need (25 batches an epoch).
+    needed = [
+        packing.packed_rows(lengths[b], groups=1, width=128)
+        for epoch in range(packing.PLAN_BATCHES // 25 + 1)
+        for b in batching._epoch_batches(lengths, 3, epoch, 16, batching.PACKED, 50)
+    ][: packing.PLAN_BATCHES]
+    assert len(order.row_plan) < len(set(needed))  # fewer compilations than the buckets needed
+    assert set(order.row_plan) <= set(needed) and max(order.row_plan) == max(needed)
+
+    def stream(start_step: int):
+        return batching.train_batches(
+            ds,
+            start_step=start_step,
+            global_batch_size=16,
+            seed=3,
+            buckets=buckets,
+            scheme=batching.PACKED,
+            row_plan=order.row_plan,
+        )
+
+    batches = [batch for batch, _ in zip(stream(0), range(60), strict=False)]
+    assert {b["packed_input_ids"].shape[0] for b in batches} <= set(order.row_plan)
+    for batch in batches:  # padding rows only: every example still unpacks to its own tokens
+        real = batch["attention_mask"].astype(bool)
+        np.testing.assert_array_equal(_unpack_np(batch, "packed_input_ids")[real], batch["input_ids"][real])
+    # A resumed phase replays the same padded batches; the token count reads the same plan.
+    for a, b in zip(batches[37:40], [next(s) for s in [stream(37)] for _ in range(3)], strict=True):
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+    unplanned = dataclasses.replace(order, row_plan=None)
+    real, padding = batching.token_counts(lengths, steps=60, global_batch_size=16, seed=3, order=unplanned)
+    assert real == sum(int(b["attention_mask"].sum()) for b in batches)
+    assert real + padding == sum(b["packed_input_ids"].size for b in batches)
+    assert order.unpacked == batching.TrainOrder(batching.RANDOM, buckets, group_examples=16)
+
+
+def test_min_row_share_is_checked_and_recorded_packed_runs_read_as_they_ran():
+    assert spec.resolve(tiny.get_config()).train_order.min_row_share == 0.05
+    for bad in ("1", "-0.1"):
+        with pytest.raises(ConfigError, match=r"^config\.batching\.min_row_share=[-0-9.]+: a share [^\n]*$"):
+            spec.resolve(tiny.get_config(f"batching.min_row_share={bad}"))
+    recorded = config_cli.to_plain(tiny.get_config())
+    del recorded["batching"]["min_row_share"]
+    assert config_cli.with_legacy_keys(recorded)["batching"]["min_row_share"] == 0.0
+    # Unpacked orders do not read it.
+    random = spec.resolve(tiny.get_config("batching.scheme=random")).train_order
+    assert random.min_row_share == 0.0
 
 
 def test_the_config_selects_packed_with_a_truthful_compile_bound_with_and_without_micro_batches():

@@ -32,11 +32,12 @@ from stackft_jax.config import config_cli
 SELECTION = ",data.selection_fraction=0.1"  # 10% of train: QQP 1,750 pairs, CoNLL 1,405 sentences, Yahoo 360
 # The library's defaults for new runs where the test grids' `mini` presets keep what their committed
 # runs ran: random batches computed packed (data/packing.py; benchmarks/RESULTS.md §15: the same
-# examples per step, 90% real tokens on CoNLL-2003 against 29% in the doubling buckets), cached phases
+# examples per step, 90% real tokens on CoNLL-2003 against 29% in the doubling buckets; rare row counts
+# padded up to the phase's plan), cached phases
 # in buckets of 16 tokens, and the skip_update non-finite guard (training/steps.py).
 NEW_RUN_KEYS = (
     ",batching.scheme=packed,batching.bucket_tokens=16,batching.loss_weighting=batch_mean"
-    ",nonfinite_guard=skip_update"
+    ",batching.min_row_share=0.05,nonfinite_guard=skip_update"
 )
 
 

@@ -43,6 +43,7 @@ LEGACY_BATCHING = {
     "bucket_tokens": 0,
     "group_batches": 50,
     "loss_weighting": "batch_mean",
+    "min_row_share": 0.0,  # packed runs before the row plan compiled every row bucket they needed
 }
 # The non-finite guard of every run recorded before config.nonfinite_guard (training/steps.py).
 LEGACY_NONFINITE_GUARD = "select"
@@ -431,7 +432,8 @@ def with_legacy_keys(plain: Mapping[str, Any]) -> dict[str, Any]:
     `gap_metric` compared the task's `legacy_gap_metric` (token accuracy on NER, not entity F1); a
     `feature_cache_dir` in a phase block (before it became a run option) is the run's; a config without
     the `batching` block drew random batches in the doubling buckets (data/batching.py), and one without
-    `batching.loss_weighting` divided each batch's loss by its own count; a CoNLL run
+    `batching.loss_weighting` divided each batch's loss by its own count, and a packed one without
+    `batching.min_row_share` compiled every row bucket its batches needed; a CoNLL run
     without `data.entity_f1` read strict IOB2 entity F1 (before conlleval's became the default); a model
     without `attention` ran the einsum path, without `remat` kept every activation (every record has
     `dtype`); a FLOPs-matched run without `matched_budget.head_flops` was planned counting the light heads

@@ -57,6 +57,11 @@ def get_config() -> ml_collections.ConfigDict:
     # at most ceil(max_seq_length / bucket_tokens) times; 0: the doubling buckets 32, 64, ..., max_seq_length
     c.batching.bucket_tokens = 16
     c.batching.group_batches = 50  # length_grouped: batches per mega-batch sorted by length
+    # packed: a phase compiles its train step for the packed row counts that at least this share of its
+    # batches need (and the largest); a batch needing a rarer count pads up to the next one (data/packing.py:
+    # on CoNLL-2003 at 128 tokens 3 compilations instead of 5; benchmarks/RESULTS.md §15). 0: every row
+    # bucket a batch needs compiles.
+    c.batching.min_row_share = 0.05
     # batch_mean (a batch's summed loss over its own count of real rows or tagging words: its mean) |
     # corpus_mean (over the count a batch holds on average over the training split, so every row or word
     # weighs the same in every batch; meant for length_grouped, whose batches of short sentences hold a

@@ -379,6 +379,11 @@ def _train_order(config: ml_collections.ConfigDict) -> batching.TrainOrder:
             f"config.batching.bucket_tokens={width}: a bucket width from {MIN_SEQ_LENGTH} to max_seq_length "
             f"({length}) tokens, or 0 for the doubling buckets {batching.length_buckets(length)}"
         )
+    if not 0 <= block.min_row_share < 1:
+        raise ConfigError(
+            f"config.batching.min_row_share={block.min_row_share}: a share of a phase's batches from 0 "
+            "(compile every packed row count needed) to below 1"
+        )
     if block.group_batches < 1:
         raise ConfigError(
             f"config.batching.group_batches={block.group_batches}: at least 1 (batches per mega-batch "
@@ -393,6 +398,7 @@ def _train_order(config: ml_collections.ConfigDict) -> batching.TrainOrder:
         per_device_batch_size=config.per_device_batch_size,
         # packed lays its rows out for the step's strided micro-batches (data/packing.py)
         grad_accum_steps=config.get("grad_accum_steps", 1),
+        min_row_share=block.min_row_share,
     )
 
 

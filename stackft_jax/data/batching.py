@@ -30,7 +30,8 @@ How training draws its rows (`config.batching.scheme`, `TrainOrder`):
                   holds one micro-batch's examples and the rows are interleaved so that the train
                   step's strided micro-batches each get their own packing (`micro_batches`;
                   packing.py). A phase's train step compiles once per packed row count, at most
-                  len(packing.row_buckets(per-device batch)) times (16 at 32 examples a device).
+                  len(packing.row_buckets(per-device batch)) times (16 at 32 examples a device), and
+                  in practice once per count of the phase's row plan (`min_row_share`: 3 on CoNLL-2003).
                   Phases that read cached features run random's batches in `buckets`
                   (`TrainOrder.unpacked`).
 Training buckets are every `bucket_tokens` tokens up to max_seq_length (`train_buckets`): a phase's
@@ -95,7 +96,9 @@ class TrainOrder:
     summed loss is divided by (`loss_weighting` in LOSS_WEIGHTINGS); for packed, the examples packed
     together (`group_examples`: the per-device batch, one micro-batch's) and the micro-batches a
     train step splits its batch into (`micro_batches`: grad_accum_steps), which the packing's layout
-    follows."""
+    follows; `min_row_share`: the share of a phase's batches a packed row count must serve to be
+    compiled (rarer ones pad up to the next: packing.row_plan; 0, every row bucket), and `row_plan`, the
+    phase's counts (`for_phase` sets it)."""
 
     scheme: str = RANDOM
     buckets: tuple[int, ...] = (128,)
@@ -103,6 +106,8 @@ class TrainOrder:
     loss_weighting: str = BATCH_MEAN
     group_examples: int = 1
     micro_batches: int = 1
+    min_row_share: float = 0.0
+    row_plan: tuple[int, ...] | None = None
 
     @classmethod
     def of(
@@ -115,6 +120,7 @@ class TrainOrder:
         loss_weighting: str = BATCH_MEAN,
         per_device_batch_size: int = 1,
         grad_accum_steps: int = 1,
+        min_row_share: float = 0.0,
     ) -> "TrainOrder":
         if scheme not in SCHEMES:
             raise ValueError(f"unknown batching scheme {scheme!r}: choose {' or '.join(SCHEMES)}")
@@ -122,10 +128,39 @@ class TrainOrder:
             choices = " or ".join(LOSS_WEIGHTINGS)
             raise ValueError(f"unknown loss weighting {loss_weighting!r}: choose {choices}")
         buckets = train_buckets(max_seq_length, bucket_tokens)
-        # Only packed reads group_examples and micro_batches: the other orders stay equal whatever the batch.
+        # Only packed reads group_examples, micro_batches and min_row_share: the other orders stay equal
+        # whatever the batch.
         if scheme != PACKED:
-            per_device_batch_size = grad_accum_steps = 1
-        return cls(scheme, buckets, group_batches, loss_weighting, per_device_batch_size, grad_accum_steps)
+            per_device_batch_size, grad_accum_steps, min_row_share = 1, 1, 0.0
+        return cls(
+            scheme,
+            buckets,
+            group_batches,
+            loss_weighting,
+            per_device_batch_size,
+            grad_accum_steps,
+            min_row_share,
+        )
+
+    def for_phase(self, lengths: np.ndarray, *, global_batch_size: int, seed: int) -> "TrainOrder":
+        """This order with the row plan of the phase whose data-order seed is `seed` (packing.row_plan
+        over its first PLAN_BATCHES batches: the same for a resumed phase, a finished one's token count
+        and one stopped early); unchanged unpacked or without `min_row_share`."""
+        if self.scheme != PACKED or self.min_row_share <= 0 or self.row_plan is not None:
+            return self
+        width, groups = self.buckets[-1], self.groups(global_batch_size)
+        epochs = -(-packing.PLAN_BATCHES // steps_per_epoch(len(lengths), global_batch_size))
+        batches = np.concatenate(
+            [
+                _epoch_batches(lengths, seed, epoch, global_batch_size, self.scheme, self.group_batches)
+                for epoch in range(epochs)
+            ]
+        )[: packing.PLAN_BATCHES]
+        needed = [
+            packing.packed_rows(lengths[batch], groups=groups, width=width, micro_batches=self.micro_batches)
+            for batch in batches
+        ]
+        return dataclasses.replace(self, row_plan=packing.row_plan(needed, self.min_row_share))
 
     def loss_denominator(self, train: Dataset, global_batch_size: int) -> float | None:
         """What the train step divides a batch's summed loss by: None, the batch's own count
@@ -157,7 +192,9 @@ class TrainOrder:
     def unpacked(self) -> "TrainOrder":
         """The order a phase that reads cached features draws (no encoder runs, nothing to pack):
         random's batches for packed, else this order."""
-        return dataclasses.replace(self, scheme=RANDOM) if self.scheme == PACKED else self
+        if self.scheme != PACKED:
+            return self
+        return dataclasses.replace(self, scheme=RANDOM, min_row_share=0.0, row_plan=None)
 
 
 def expected_count(train: Dataset, global_batch_size: int) -> float:
@@ -244,32 +281,47 @@ def train_batch(
     group_batches: int = GROUP_BATCHES,
     groups: int = 1,
     micro_batches: int = 1,
+    row_plan: tuple[int, ...] | None = None,
 ) -> Batch:
     """Batch `step` of the endless shuffled stream; each epoch is a fresh permutation, batched as
-    `scheme` says (module docstring); packed in `groups` groups for a step of `micro_batches`."""
+    `scheme` says (module docstring); packed in `groups` groups for a step of `micro_batches`, padded
+    up to the phase's `row_plan`."""
     epoch, i = divmod(step, steps_per_epoch(num_rows(ds), global_batch_size))
     batches = _epoch_batches(ds["lengths"], seed, epoch, global_batch_size, scheme, group_batches)
-    return _train_gather(ds, batches[i], buckets, scheme, groups, micro_batches)
+    return _train_gather(ds, batches[i], buckets, scheme, groups, micro_batches, row_plan)
 
 
 def _train_gather(
-    ds: Dataset, indices: np.ndarray, buckets: tuple[int, ...], scheme: str, groups: int, micro_batches: int
+    ds: Dataset,
+    indices: np.ndarray,
+    buckets: tuple[int, ...],
+    scheme: str,
+    groups: int,
+    micro_batches: int,
+    row_plan: tuple[int, ...] | None = None,
 ) -> Batch:
     if scheme != PACKED:
         return _gather(ds, indices, buckets)
     # One row per example at full width (one shape, whatever the batch's longest), plus the packing.
     batch = _gather(ds, indices, buckets[-1:])
-    return {**batch, **packed_arrays(ds, indices, batch, groups, micro_batches)}
+    return {**batch, **packed_arrays(ds, indices, batch, groups, micro_batches, row_plan)}
 
 
 def packed_arrays(
-    ds: Dataset, indices: np.ndarray, batch: Batch, groups: int, micro_batches: int = 1
+    ds: Dataset,
+    indices: np.ndarray,
+    batch: Batch,
+    groups: int,
+    micro_batches: int = 1,
+    row_plan: tuple[int, ...] | None = None,
 ) -> Batch:
     """packing.pack of a full-width batch of `indices`; DistilBERT-style data without token types
     packs zeros."""
     token_types = batch.get("token_type_ids", np.zeros_like(batch["input_ids"]))
     lengths = ds["lengths"][indices]
-    return packing.pack(batch["input_ids"], token_types, lengths, groups=groups, micro_batches=micro_batches)
+    return packing.pack(
+        batch["input_ids"], token_types, lengths, groups=groups, micro_batches=micro_batches, plan=row_plan
+    )
 
 
 def train_batches(
@@ -284,6 +336,7 @@ def train_batches(
     with_index: bool = False,
     groups: int = 1,
     micro_batches: int = 1,
+    row_plan: tuple[int, ...] | None = None,
 ) -> Iterator[Batch]:
     """train_batch(step) for step = start_step, start_step + 1, ... forever. `with_index` adds
     `index`, each row's example (what the feature cache looks features up by)."""
@@ -296,7 +349,7 @@ def train_batches(
             cached_epoch = epoch
             batches = _epoch_batches(ds["lengths"], seed, epoch, global_batch_size, scheme, group_batches)
         indices = batches[i]
-        batch = _train_gather(ds, indices, buckets, scheme, groups, micro_batches)
+        batch = _train_gather(ds, indices, buckets, scheme, groups, micro_batches, row_plan)
         if with_index:
             batch["index"] = indices.astype(np.int32)
         yield batch
@@ -314,7 +367,9 @@ def token_counts(
     """(real tokens, padding tokens) of training batches 0 .. steps-1 of the stream `train_batches`
     draws with `order` (over all hosts): the data order is a pure function
     of the step, so this counts a finished phase exactly from the lengths alone. A packed batch counts
-    what its encoder computes: its packed rows of max_seq_length tokens."""
+    what its encoder computes: its packed rows of max_seq_length tokens, padded up to the phase's row
+    plan (`TrainOrder.for_phase`)."""
+    order = order.for_phase(lengths, global_batch_size=global_batch_size, seed=seed)
     per_epoch = steps_per_epoch(len(lengths), global_batch_size)
     buckets = np.asarray(order.buckets)
     real = computed = 0
@@ -329,7 +384,9 @@ def token_counts(
         if order.scheme == PACKED:
             width, groups = int(buckets[-1]), order.groups(global_batch_size)
             packed = sum(
-                packing.packed_rows(batch, groups=groups, width=width, micro_batches=order.micro_batches)
+                packing.packed_rows(
+                    batch, groups=groups, width=width, micro_batches=order.micro_batches, plan=order.row_plan
+                )
                 for batch in rows
             )
             computed += packed * groups * width

@@ -21,6 +21,11 @@ Every group of a batch gets the same row count Rg (the most any group needed), r
 bucket (`row_buckets`, quarter octaves below the group's size n = B/G, the per-device batch: every
 count up to 8, then steps of at most a quarter): at most 4 * ceil(log2 n) + 1 distinct packed shapes
 (12 at n = 16, 16 at n = 32), so a phase's train step compiles at most that many times, whatever k.
+A phase compiles fewer (`row_plan`, config.batching.min_row_share): the counts that at least that share
+of the phase's first `PLAN_BATCHES` batches need, and the largest; a batch needing a rarer count is
+padded up to the next planned one (a few empty rows), one needing more than the plan's largest keeps
+its own bucket. The plan is a pure function of the lengths and the phase's data order, so a resumed
+phase and the token count of a finished one (batching.token_counts) read the same plan.
 Measured on the shared data over 300 steps at one group (benchmarks/grouped_batches.py --offline; the
 share of computed tokens that are real, and the distinct row counts hit): CoNLL-2003 at 128 tokens,
 n = 32: 90.0%, 5 shapes; QQP at 128, n = 16: 86.2%, 4; QQP at 48: 80.0%, 4. A grid of eighths of n
@@ -38,8 +43,13 @@ Arrays added to a batch (int32; R = G * Rg rows, L = max_seq_length):
 """
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
+
+# The batches a phase's row plan is read from: its first ones, whatever its length (so a phase stopped
+# early and its planned length read the same plan); a phase of fewer steps reads a few epochs ahead.
+PLAN_BATCHES = 512
 
 PACKED_ARRAYS = (
     "packed_input_ids",
@@ -90,20 +100,44 @@ def group_members(batch: int, groups: int, micro_batches: int = 1) -> np.ndarray
     return positions.transpose(0, 2, 1).reshape(groups, per_group)
 
 
+def _bucketed(rows: int, buckets: Sequence[int]) -> int:
+    """The smallest of `buckets` (sorted) that holds `rows`."""
+    return int(buckets[np.searchsorted(buckets, rows)])
+
+
+def padded_rows(needed: int, plan: Sequence[int] | None) -> int:
+    """The rows per group a batch needing `needed` (a row bucket) computes: the smallest count of the
+    phase's `plan` that holds it, or `needed` itself without a plan or beyond its largest count."""
+    if not plan or needed > plan[-1]:
+        return needed
+    return _bucketed(needed, plan)
+
+
+def row_plan(needed: Sequence[int], min_share: float) -> tuple[int, ...]:
+    """The row counts a phase compiles, from the counts its batches need (`needed`, row buckets): each
+    one that at least `min_share` of them need, and the largest."""
+    counts, uses = np.unique(np.asarray(needed), return_counts=True)
+    kept = {int(c) for c, n in zip(counts, uses, strict=True) if n >= min_share * len(needed)}
+    return tuple(sorted(kept | {int(counts[-1])}))
+
+
 def _group_packings(
-    lengths: np.ndarray, members: np.ndarray, width: int
+    lengths: np.ndarray, members: np.ndarray, width: int, plan: Sequence[int] | None = None
 ) -> tuple[list[tuple[np.ndarray, np.ndarray, int]], int]:
     """Each group's first-fit-decreasing packing and the rows per group (Rg) of the batch: the most any
-    group needs, up to its row bucket."""
+    group needs, up to its row bucket, then up to the phase's `plan` (`padded_rows`)."""
     packings = [first_fit_decreasing(lengths[group], width) for group in members]
-    buckets = row_buckets(members.shape[1])
-    return packings, buckets[np.searchsorted(buckets, max(used for _, _, used in packings))]
+    needed = _bucketed(max(used for _, _, used in packings), row_buckets(members.shape[1]))
+    return packings, padded_rows(needed, plan)
 
 
-def packed_rows(lengths: np.ndarray, *, groups: int, width: int, micro_batches: int = 1) -> int:
-    """Rows per group (Rg) of a batch with `lengths` packed into rows of `width` tokens."""
+def packed_rows(
+    lengths: np.ndarray, *, groups: int, width: int, micro_batches: int = 1, plan: Sequence[int] | None = None
+) -> int:
+    """Rows per group (Rg) of a batch with `lengths` packed into rows of `width` tokens (padded up to
+    the phase's `plan`, if any)."""
     members = group_members(len(lengths), groups, micro_batches)
-    return _group_packings(np.maximum(lengths, 1), members, width)[1]
+    return _group_packings(np.maximum(lengths, 1), members, width, plan)[1]
 
 
 def pack(
@@ -113,14 +147,16 @@ def pack(
     *,
     groups: int,
     micro_batches: int = 1,
+    plan: Sequence[int] | None = None,
 ) -> dict[str, np.ndarray]:
     """The `PACKED_ARRAYS` of a batch's [B, L] token arrays and lengths, in `groups` groups, for a step
-    of `micro_batches` strided micro-batches (module docstring). An example of length 0 takes one
-    (padding) slot, so it still has a first token."""
+    of `micro_batches` strided micro-batches, with the rows per group padded up to the phase's row
+    `plan` (module docstring). An example of length 0 takes one (padding) slot, so it still has a first
+    token."""
     batch, width = input_ids.shape
     members = group_members(batch, groups, micro_batches)
     lengths = np.maximum(np.asarray(lengths, np.int64), 1)
-    packings, rows_per_group = _group_packings(lengths, members, width)
+    packings, rows_per_group = _group_packings(lengths, members, width, plan)
     # Laid out by group first ([G, Rg, L], group d * k + j), interleaved below.
     shape = (groups, rows_per_group, width)
     out = {name: np.zeros(shape, np.int32) for name in PACKED_ARRAYS[:-1]}

@@ -728,18 +728,21 @@ def batch_feed(
     step loop feeds (benchmarks time the same feed). A pure function of (seed, phase, step), so a
     resumed phase replays the same batches. `order`: how the batches are drawn, padded and (packed) laid
     out for the step's devices and micro-batches; `with_index`: each row's example, which cached features
-    are looked up by."""
+    are looked up by. Packed batches pad their rows up to the phase's row plan (`TrainOrder.for_phase`)."""
+    phase_seed = batching.phase_seed(seed, phase_index)
+    order = order.for_phase(train["lengths"], global_batch_size=global_batch_size, seed=phase_seed)
     batches = batching.train_batches(
         train,
         start_step=start_step,
         global_batch_size=global_batch_size,
-        seed=batching.phase_seed(seed, phase_index),
+        seed=phase_seed,
         buckets=order.buckets,
         scheme=order.scheme,
         group_batches=order.group_batches,
         with_index=with_index,
         groups=order.groups(global_batch_size),
         micro_batches=order.micro_batches,
+        row_plan=order.row_plan,
     )
     for batch in batches:
         yield batching.process_slice(batch, jax.process_index(), jax.process_count())
