@@ -41,8 +41,8 @@ from stackft_jax.training import compute
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO.parent / "shared" / "data"
 # The default, the old scheme (what runs recorded before config.batching ran), packed without its row
-# plan, the default before packing and length grouping, in the order they run: a benchmark cut short on a busy machine keeps the
-# default's run of each case.
+# plan, the default before packing and length grouping, in the order they run: a benchmark cut short
+# on a busy machine keeps the default's run of each case.
 SCHEMES = {
     "new": {f"batching.{key}": value for key, value in defaults.get_config().batching.items()},
     "old": {f"batching.{key}": value for key, value in config_cli.LEGACY_BATCHING.items()},
