@@ -149,13 +149,9 @@ class TrainOrder:
         if self.scheme != PACKED or self.min_row_share <= 0 or self.row_plan is not None:
             return self
         width, groups = self.buckets[-1], self.groups(global_batch_size)
-        epochs = -(-packing.PLAN_BATCHES // steps_per_epoch(len(lengths), global_batch_size))
-        batches = np.concatenate(
-            [
-                _epoch_batches(lengths, seed, epoch, global_batch_size, self.scheme, self.group_batches)
-                for epoch in range(epochs)
-            ]
-        )[: packing.PLAN_BATCHES]
+        batches = first_batches(
+            lengths, packing.PLAN_BATCHES, global_batch_size, seed, self.scheme, self.group_batches
+        )
         needed = [
             packing.packed_rows(lengths[batch], groups=groups, width=width, micro_batches=self.micro_batches)
             for batch in batches
@@ -244,6 +240,20 @@ def _epoch_batches(
     # A second stream of the same (seed, epoch): which sorted batch comes when.
     order = np.random.default_rng([seed, epoch, 1]).permutation(per_epoch)
     return grouped.reshape(per_epoch, global_batch_size)[order]
+
+
+def first_batches(
+    lengths: np.ndarray, steps: int, global_batch_size: int, seed: int, scheme: str, group_batches: int
+) -> np.ndarray:
+    """[steps, global_batch_size] example indices of a phase's batches 0 .. steps-1, epoch after
+    epoch: what `train_batches` draws, from the lengths alone."""
+    epochs = -(-steps // steps_per_epoch(len(lengths), global_batch_size))
+    return np.concatenate(
+        [
+            _epoch_batches(lengths, seed, epoch, global_batch_size, scheme, group_batches)
+            for epoch in range(epochs)
+        ]
+    )[:steps]
 
 
 def _bucket_for(length: int, buckets: tuple[int, ...]) -> int:
@@ -369,32 +379,26 @@ def token_counts(
     of the step, so this counts a finished phase exactly from the lengths alone. A packed batch counts
     what its encoder computes: its packed rows of max_seq_length tokens, padded up to the phase's row
     plan (`TrainOrder.for_phase`)."""
+    if steps == 0:  # a phase stopped before its first step computed nothing
+        return 0, 0
     order = order.for_phase(lengths, global_batch_size=global_batch_size, seed=seed)
-    per_epoch = steps_per_epoch(len(lengths), global_batch_size)
     buckets = np.asarray(order.buckets)
-    real = computed = 0
-    for epoch in range(-(-steps // per_epoch)):
-        batches = _epoch_batches(lengths, seed, epoch, global_batch_size, order.scheme, order.group_batches)
-        rows = lengths[batches[: steps - epoch * per_epoch]]
-        if rows.max() > buckets[-1]:
-            raise ValueError(
-                f"an example has {rows.max()} tokens, more than the largest bucket {buckets[-1]}"
+    rows = lengths[first_batches(lengths, steps, global_batch_size, seed, order.scheme, order.group_batches)]
+    if rows.max() > buckets[-1]:
+        raise ValueError(f"an example has {rows.max()} tokens, more than the largest bucket {buckets[-1]}")
+    real = int(rows.sum())
+    if order.scheme == PACKED:
+        width, groups = int(buckets[-1]), order.groups(global_batch_size)
+        packed = sum(
+            packing.packed_rows(
+                batch, groups=groups, width=width, micro_batches=order.micro_batches, plan=order.row_plan
             )
-        real += int(rows.sum())
-        if order.scheme == PACKED:
-            width, groups = int(buckets[-1]), order.groups(global_batch_size)
-            packed = sum(
-                packing.packed_rows(
-                    batch, groups=groups, width=width, micro_batches=order.micro_batches, plan=order.row_plan
-                )
-                for batch in rows
-            )
-            computed += packed * groups * width
-            continue
-        # The smallest bucket that fits each batch's longest row, as _gather pads it.
-        padded_to = buckets[np.searchsorted(buckets, rows.max(axis=1))]
-        computed += int(padded_to.sum()) * global_batch_size
-    return real, computed - real
+            for batch in rows
+        )
+        return real, packed * groups * width - real
+    # The smallest bucket that fits each batch's longest row, as _gather pads it.
+    padded_to = buckets[np.searchsorted(buckets, rows.max(axis=1))]
+    return real, int(padded_to.sum()) * global_batch_size - real
 
 
 def eval_batches(
