@@ -27,7 +27,7 @@ COMMITTED = {
     "docs/grids/paper_conll_small": "configs/experiments/paper_conll.py:small",
     "docs/grids/paper_conll_test": "configs/experiments/paper_conll.py:test",
     "docs/grids/paper_yahoo_small": "configs/experiments/paper_yahoo.py:small",
-    "docs/grids/paper_yahoo_test": "configs/experiments/paper_yahoo.py:test",
+    "docs/grids/paper_yahoo_test": "configs/experiments/paper_yahoo.py:test_no_cache",
     "docs/grids/pilot_qqp": "configs/experiments/pilot.py:qqp",
     "docs/grids/pilot_conll": "configs/experiments/pilot.py:conll",
     "docs/grids/pilot_yahoo": "configs/experiments/pilot.py:yahoo",
