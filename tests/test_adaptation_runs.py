@@ -91,7 +91,8 @@ def _patterns(run_spec, kind: str) -> list[str]:
     return [pattern for pattern, group in phase.rules if group == phases.ADAPTATION]
 
 
-@pytest.mark.parametrize("strategy", ["lora", pytest.param("bitfit", marks=pytest.mark.slow), "adapters"])
+@pytest.mark.slow  # trains a run through the command line, then predicts in a second process
+@pytest.mark.parametrize("strategy", ["lora", "bitfit", "adapters"])
 def test_predict_reproduces_an_adapted_runs_predictions(strategy, tmp_path, run_cli):
     workdir = tmp_path / "run"
     proc = run_cli(workdir, f"--config.strategy={strategy}")
