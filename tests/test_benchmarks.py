@@ -375,7 +375,7 @@ def test_grouped_batches(tmp_path):
         scheme = {
             "old": "random / doubling",
             "new": "packed / 16",
-            # The row plan pads rare row counts with empty rows: same real tokens, same share.
+            # Packed without the row plan: the offline packed count, which pads no batch of these 4 steps.
             "packed_every": "packed / 16",
             "random16": "random / 16",
             "grouped": "length_grouped / 16",
