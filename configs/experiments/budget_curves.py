@@ -86,17 +86,22 @@ def conll(c: ml_collections.ConfigDict) -> None:
     """CoNLL-2003, the test grid's cells (finetune-only and stack-and-finetune x token_mlp and
     bilstm_crf, the gap rule on entity F1) at 150 / 300 / 600 fine-tuning steps: 4 x 3 x 5 = 60 runs.
 
-    Cost: the test grid's 300-step runs took 901-1,003 s with their test pass and the matched 447-451
-    step runs 1,314-1,561 s (about 3 s per step and 100-300 s besides, at load 4-5): the 60 runs'
-    21,000 steps take about 18 + 3 = 21 process-hours. Cheaper: `num_seeds=3` (13 h), or budgets
-    150 / 300 (10 h)."""
+    Ran 2026-11-28/29 (docs/grids/budget_curves_conll, read in docs/budget_curves_reading.md), one
+    process per core of the 2-core machine: 5.6 process-hours in all (results.json `wall_time_s`: 135-410 s
+    per token_mlp run, 207-627 s per bilstm_crf run), a quarter of the 21 hours estimated from the
+    random-batch test grid at load 4-5."""
     _start_from(c, paper_conll.get_config("test"))
     c.base += SELECTION + NEW_RUN_KEYS
+    budgets = (150, 300, 600)
     c.axes = (
-        "strategy=finetune_only|stack_and_finetune; head.name=token_mlp|bilstm_crf; budget_steps=150|300|600"
+        "strategy=finetune_only|stack_and_finetune; head.name=token_mlp|bilstm_crf; budget_steps="
+        + "|".join(map(str, budgets))
     )
     c.matched = ""
-    c.comparisons = "baseline"
+    # Report-only: the paper's contrast (stacked BiLSTM-CRF against the light head fine-tuned) at each
+    # budget, then every cell against finetune-only with the same head and budget.
+    contrast = paper_conll.PAPER_CONTRAST.replace(" vs ", "-budget_steps={b} vs ") + "-budget_steps={b}"
+    c.comparisons = "; ".join([*(contrast.format(b=b) for b in budgets), "baseline"])
 
 
 def yahoo(c: ml_collections.ConfigDict) -> None:

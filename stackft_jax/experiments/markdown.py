@@ -3,11 +3,13 @@ number is: cells, comparisons (valid or not, tests and what they can show), the 
 phase boundaries."""
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import ml_collections
 
+from stackft_jax.data.task_spec import SELECTION
 from stackft_jax.experiments import budget_curves
 from stackft_jax.experiments import statistics as array_statistics
 from stackft_jax.experiments.cells import gain_sign
@@ -438,6 +440,51 @@ def _reuse_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def _boundary_lines(report: Mapping[str, Any], metric: str) -> list[str]:
+    """The frozen-backbone phases' boundary table. Its "dev" columns are the split the runs' gap rule read:
+    the selection slice where they held one out (data.selection_fraction), which the labels then say."""
+    read = "selection" if any(SELECTION in row["final"] for row in report["runs"]) else "dev"
+    at_dev = "" if read == "dev" else ", on dev"
+    floor, gap = report["majority_in_metric"], f"train_dev_gap_{metric}"
+    beside = report.get("beside_metrics", [])
+    scored = [f"{kind}{m}" for m in beside for kind in ("dev_", "train_dev_gap_")]
+    lines = [
+        "At the end of each frozen-backbone phase (mean ± std over seeds): its steps; how many of the "
+        f"cell's runs a stop rule (train/{read} gap, patience) ended (one that fires at the budget's last "
+        "step counts, though it ended the phase no sooner); the head's "
+        f"{read} {metric}, and how many runs ended the phase with it at or below always predicting the "
+        f"majority label ({_fmt(floor)}{at_dev}): a head that has not learned the task is not "
+        "overfitting, so a gap rule that stopped it there fired on the noise of its train subset; the "
+        f"head's parameter norm, {read} expected calibration error, and train-subset minus {read} {metric}"
+        + (
+            f"; and {read} and train - {read} in {', '.join(beside)}: each as the run recorded it at the "
+            "boundary (`-`: not recorded; runs from before conlleval's F1 recorded strict F1 only)."
+            if beside
+            else "."
+        ),
+        "",
+        f"| cell | phase | steps | stopped by a rule | {read} {metric} | at or below majority | head norm "
+        f"| {read} ECE | train - {read} {metric} |"
+        + "".join(
+            f" {m.replace('train_dev_gap_', f'train - {read} ').replace('dev_', f'{read} ', 1)} |"
+            for m in scored
+        ),
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |" + " --- |" * len(scored),
+    ]
+    for row in report["boundaries"]:
+        shown = {
+            m: f"{_fmt(row[m]['mean'], 3)} ± {_fmt(row[m]['std'], 3)}" if m in row else "-"
+            for m in ("steps", f"dev_{metric}", "head_param_norm", "dev_ece", gap, *scored)
+        }
+        at_floor = "-" if row["head_at_floor"] is None else f"{row['head_at_floor']}/{row['n']}"
+        lines.append(
+            f"| {row['name']} | {row['phase']} | {shown['steps']} | {row['stopped_by_rule']}/{row['n']} "
+            f"| {shown[f'dev_{metric}']} | {at_floor} | {shown['head_param_norm']} | {shown['dev_ece']} "
+            f"| {shown[gap]} |" + "".join(f" {shown[m]} |" for m in scored)
+        )
+    return lines
+
+
 def render(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
     """report.md of report.build_report's report."""
     metric = grid.metric
@@ -490,43 +537,7 @@ def render(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
         lines += ["", *budget_curves.lines(report, grid.metric)]
     lines += _reuse_lines(report)
     if report["boundaries"]:
-        floor, gap = report["majority_in_metric"], f"train_dev_gap_{metric}"
-        beside = report.get("beside_metrics", [])
-        scored = [f"{kind}{m}" for m in beside for kind in ("dev_", "train_dev_gap_")]
-        lines += [
-            "",
-            "At the end of each frozen-backbone phase (mean ± std over seeds): its steps; how many of the "
-            "cell's runs a stop rule (train/dev gap, patience) ended (one that fires at the budget's last "
-            "step counts, though it ended the phase no sooner); the head's "
-            f"dev {metric}, and how many runs ended the phase with it at or below always predicting the "
-            f"majority label ({_fmt(floor)}): a head that has not learned the task is not overfitting, so "
-            "a gap rule that stopped it there fired on the noise of its train subset; the head's parameter "
-            f"norm, dev expected calibration error, and train-subset minus dev {metric}"
-            + (
-                f"; and dev and train - dev in {', '.join(beside)}: each as the run recorded it at the "
-                "boundary (`-`: not recorded; runs from before conlleval's F1 recorded strict F1 only)."
-                if beside
-                else "."
-            ),
-            "",
-            f"| cell | phase | steps | stopped by a rule | dev {metric} | at or below majority | head norm "
-            f"| dev ECE | train - dev {metric} |"
-            + "".join(
-                f" {m.replace('train_dev_gap_', 'train - dev ').replace('dev_', 'dev ', 1)} |" for m in scored
-            ),
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |" + " --- |" * len(scored),
-        ]
-        for row in report["boundaries"]:
-            shown = {
-                m: f"{_fmt(row[m]['mean'], 3)} ± {_fmt(row[m]['std'], 3)}" if m in row else "-"
-                for m in ("steps", f"dev_{metric}", "head_param_norm", "dev_ece", gap, *scored)
-            }
-            at_floor = "-" if row["head_at_floor"] is None else f"{row['head_at_floor']}/{row['n']}"
-            lines.append(
-                f"| {row['name']} | {row['phase']} | {shown['steps']} | {row['stopped_by_rule']}/{row['n']} "
-                f"| {shown[f'dev_{metric}']} | {at_floor} | {shown['head_param_norm']} | {shown['dev_ece']} "
-                f"| {shown[gap]} |" + "".join(f" {shown[m]} |" for m in scored)
-            )
+        lines += ["", *_boundary_lines(report, metric)]
     lines += ["", "Figures: `figures/metric_by_cell.png`, `figures/dev_curves.png` (seed 0)."]
     if report.get("rescored_runs"):
         lines[-1] += (
