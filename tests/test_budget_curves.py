@@ -90,14 +90,23 @@ def test_a_budget_axis_grid_with_the_selection_split_end_to_end(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("preset", "runs", "budgets"),
-    [("qqp", 180, [150, 300, 600]), ("conll", 60, [150, 300, 600]), ("yahoo", 90, [75, 150, 300])],
+    ("preset", "runs", "budgets", "seeds", "paper_rows"),
+    [
+        ("qqp", 72, [300, 600], 3, 16),  # 2 pair heads x 2 stacked recipes x 2 baselines x 2 budgets
+        ("conll", 60, [150, 300, 600], 5, 3),
+        ("yahoo", 90, [75, 150, 300], 5, 9),  # the ensemble and both complex heads x 3 budgets
+    ],
 )
-def test_the_learning_curve_grids_hold_out_selection_and_span_their_budgets(preset, runs, budgets):
+def test_the_learning_curve_grids_hold_out_selection_and_span_their_budgets(
+    preset, runs, budgets, seeds, paper_rows
+):
     g = config_cli.load(f"configs/experiments/budget_curves.py:{preset}", [], kind="grid")
-    assert budget_curves.budgets_of(g) == budgets and g.num_seeds == 5
+    assert budget_curves.budgets_of(g) == budgets and g.num_seeds == seeds
     cells.check_grid(g)
-    cells.comparisons_of(g)
+    configured = [c for c in cells.comparisons_of(g) if c.configured]
+    assert len(configured) == paper_rows
+    # The paper's contrasts pair cells at one budget, never across budgets.
+    assert all(dict(c.cell)["budget_steps"] == dict(c.other)["budget_steps"] for c in configured)
     found = cells.runs_of(g)
     assert len(found) == runs
     config = grid.run_config(g, found[-1])
