@@ -47,10 +47,14 @@ A grid config (configs/experiments/*.py) holds:
             comparison only where TOST gives p < 0.05 at this margin
   bootstrap_samples optional, 5000 by default: resamples of the two-level bootstrap (the report prints
             its endpoints' Monte-Carlo error; 5,000 keeps them within 0.1 point, statistics.py)
+  tuned_recipes optional, "" by default, with a `budget_steps` axis only: "recipe=a|b; recipe=c|d",
+            groups of the baseline axis' values, each group one strategy's recipes; the report picks
+            per group (and other axes) the recipe and budget with the best mean score on the selection
+            slice and compares each group's pick with the baseline group's (experiments/budget_curves.py)
 
-`comparisons`, `paper_results`, `equivalence_margin` and `bootstrap_samples` are report-only: adding or
-changing them on a grid workdir refuses nothing and retrains nothing (workdirs.GRID_REPORT_ONLY_KEYS);
-`--report_only` rewrites the report with them.
+`comparisons`, `paper_results`, `equivalence_margin`, `bootstrap_samples` and `tuned_recipes` are
+report-only: adding or changing them on a grid workdir refuses nothing and retrains nothing
+(workdirs.GRID_REPORT_ONLY_KEYS); `--report_only` rewrites the report with them.
 
 The report's primary interval for every comparison is the seed-level paired t-interval (95%, on dev and
 on test where the runs scored it); every test is two-sided; where an exact test cannot reach 0.05 at

@@ -5,6 +5,7 @@ split."""
 import json
 
 import pytest
+import scipy.stats
 
 from stackft_jax.config import config_cli, spec
 from stackft_jax.experiments import budget_curves, cells, grid, grid_report
@@ -103,6 +104,8 @@ def test_the_learning_curve_grids_hold_out_selection_and_span_their_budgets(
     g = config_cli.load(f"configs/experiments/budget_curves.py:{preset}", [], kind="grid")
     assert budget_curves.budgets_of(g) == budgets and g.num_seeds == seeds
     cells.check_grid(g)
+    # QQP's strategies each try two recipes; the selection slice picks one with the budget.
+    assert (budget_curves.tuned_groups(g) is None) == (preset != "qqp")
     configured = [c for c in cells.comparisons_of(g) if c.configured]
     assert len(configured) == paper_rows
     # The paper's contrasts pair cells at one budget, never across budgets.
@@ -118,3 +121,76 @@ def test_the_learning_curve_grids_hold_out_selection_and_span_their_budgets(
     )
     assert config.nonfinite_guard == "skip_update"
     assert config.data.test_file  # test scored once per run
+
+
+RECIPES = (
+    "recipe=a:strategy=finetune_only|b:strategy=finetune_only_uniform|c:strategy=stack_and_finetune"
+    "|d:strategy=stack_and_finetune,phase1.num_steps=1"
+)
+
+
+def _recipe_grid(**changes):
+    settings = {"axes": f"{RECIPES}; budget_steps=1|3", "baseline": "recipe=a", "num_seeds": 3}
+    return _budget_grid(**(settings | {"tuned_recipes": "recipe=a|b; recipe=c|d"} | changes))
+
+
+def test_each_strategy_is_tuned_on_the_selection_slice_and_compared_with_the_baselines_pick():
+    """Synthetic run rows: each group's pick is its recipe and budget with the best mean selection
+    score, whatever dev and test say, and the comparison pairs the two picks' runs by seed."""
+    g = _recipe_grid()
+    # (selection, dev, test) accuracy by recipe, budget and seed: b at 3 steps wins finetune-only on
+    # the slice though a at 3 is better on test; c at 1 wins stacking.
+    scores = {
+        ("a", "1"): [(0.60, 0.7, 0.70), (0.61, 0.7, 0.71), (0.62, 0.7, 0.72)],
+        ("a", "3"): [(0.70, 0.9, 0.90), (0.71, 0.9, 0.91), (0.72, 0.9, 0.92)],
+        ("b", "1"): [(0.50, 0.6, 0.60), (0.50, 0.6, 0.60), (0.50, 0.6, 0.60)],
+        ("b", "3"): [(0.80, 0.8, 0.80), (0.81, 0.8, 0.82), (0.82, 0.8, 0.81)],
+        ("c", "1"): [(0.75, 0.8, 0.83), (0.76, 0.8, 0.85), (0.77, 0.8, 0.84)],
+        ("c", "3"): [(0.70, 0.9, 0.95), (0.70, 0.9, 0.95), (0.70, 0.9, 0.95)],
+        ("d", "1"): [(0.40, 0.9, 0.99), (0.40, 0.9, 0.99), (0.40, 0.9, 0.99)],
+        ("d", "3"): [(0.74, 0.9, 0.99), (0.75, 0.9, 0.99), (0.76, 0.9, 0.99)],
+    }
+    splits = ("selection", "dev", "test")
+    runs = [
+        {
+            "cell": {"recipe": recipe, "budget_steps": budget},
+            "seed": seed,
+            "final": {split: {"accuracy": v} for split, v in zip(splits, row, strict=True)},
+        }
+        for (recipe, budget), rows in scores.items()
+        for seed, row in enumerate(rows)
+    ]
+    tuned = budget_curves.curves(runs, g)["tuned"]
+    picks = {c["group"]: (c["recipe"], c["budget_steps"]) for c in tuned["choices"]}
+    assert picks == {"recipe=a|b": ("b", 3), "recipe=c|d": ("c", 1)}
+    (row,) = tuned["comparisons"]
+    assert (row["group"], row["vs"]) == ("recipe=c|d", "recipe=a|b")
+    differences = [0.83 - 0.80, 0.85 - 0.82, 0.84 - 0.81]
+    expected = scipy.stats.ttest_1samp(differences, 0.0)
+    assert row["test"]["mean"] == pytest.approx(0.03) and row["test"]["n"] == 3
+    assert row["test"]["p_value"] == pytest.approx(expected.pvalue)
+    text = "\n".join(budget_curves.lines({"budget_curves": budget_curves.curves(runs, g)}, "accuracy"))
+    assert "| recipe=c|d | base | c | 1 | 0.7600 | 0.8000 | 0.8400 |" in text
+
+
+@pytest.mark.parametrize(
+    ("tuned", "message"),
+    [
+        ("recipe=a|b; recipe=c|e", "not one: 'e'"),
+        ("recipe=a|b; recipe=b|c", "every value once"),
+        ("recipe=b; recipe=c|d", "no group holds the baseline's value 'a'"),
+        ("recipe=a|b; budget_steps=1", "one axis for every group"),
+        ("budget_steps=1|3", "groups values of the baseline's axis"),
+        ("recipe a|b", "one axis for every group"),
+    ],
+)
+def test_bad_tuned_recipes_are_one_line_before_any_run(tuned, message, tmp_path):
+    with pytest.raises(config_cli.ConfigError, match=message) as error:
+        grid.plan_grid(_recipe_grid(tuned_recipes=tuned), tmp_path)
+    assert "\n" not in str(error.value) and not (tmp_path / "runs").exists()
+
+
+def test_tuned_recipes_need_a_budget_axis(tmp_path):
+    g = _recipe_grid(axes=RECIPES)
+    with pytest.raises(config_cli.ConfigError, match="on a grid with a `budget_steps` axis"):
+        grid.plan_grid(g, tmp_path)

@@ -96,6 +96,10 @@ def qqp(c: ml_collections.ConfigDict) -> None:
     )
     c.num_seeds = 3
     c.baseline = "recipe=finetune_only"
+    # Each strategy tuned on the selection slice over its two recipes and the budgets (report-only).
+    c.tuned_recipes = (
+        "recipe=finetune_only|finetune_only_uniform; recipe=stack_and_finetune|stack_and_finetune_p1_30"
+    )
     c.matched = ""  # the budget axis sets the steps (budget_curves.budgets_of refuses both)
     # The paper's contrasts (each pair head stacked, both recipes, against the light head fine-tuned at
     # one rate and at its own) at each budget; the report's best-budget rows pair each curve with its

@@ -10,6 +10,12 @@ budget chosen on the selection split (`data.selection_fraction`; dev where the r
 the report says), and each curve against the baseline's curve at both their best budgets, paired by seed
 on test and dev (statistics.t_interval). Test is scored once per run and never chooses anything.
 
+A strategy tried with several recipes (grid key `tuned_recipes`, "recipe=a|b; recipe=c|d": groups of one
+axis' values, each group one strategy's recipes) is compared as a tuned strategy: per group and other
+axes, the recipe and budget with the highest mean selection score, against the baseline's group chosen
+the same way, paired by seed. Each strategy then gets the same small tuning budget (its recipes x the
+budgets), spent on the selection slice.
+
 Reads the report's own run rows (`report["runs"]`: cell, seed, final scores), so it needs no run files.
 """
 
@@ -25,6 +31,7 @@ from stackft_jax.runtime.cli_errors import ConfigError
 
 AXIS = "budget_steps"
 SELECTION = "selection"  # data/task_spec.py SELECTION: the split budgets are chosen on
+TUNED_KEY = "tuned_recipes"
 
 
 def budgets_of(grid: ml_collections.ConfigDict) -> list[int] | None:
@@ -45,6 +52,38 @@ def budgets_of(grid: ml_collections.ConfigDict) -> list[int] | None:
     if grid.get("matched"):
         raise ConfigError(f"{where}: a budget axis sets the step counts that `matched` cells would set")
     return steps
+
+
+def tuned_groups(grid: ml_collections.ConfigDict) -> tuple[str, list[list[str]]] | None:
+    """The grid's `tuned_recipes` as (axis, groups of its values); None where unset. Checked before any
+    run: one axis, the baseline's, whose every named value exists and is in one group at most, the
+    baseline's value among them, on a grid with a budget axis."""
+    text = grid.get(TUNED_KEY, "")
+    if not text:
+        return None
+    where = f"config key '{TUNED_KEY}' = {text!r}"
+    groups = [part.strip() for part in text.split(";") if part.strip()]
+    keys = {group.partition("=")[0].strip() for group in groups}
+    if len(keys) != 1 or any("=" not in group for group in groups):
+        raise ConfigError(f"{where}: write `axis=value|value; axis=value|...`, one axis for every group")
+    (key,) = keys
+    axes = dict(parse_axes(grid.axes))
+    baseline_key, baseline_value = baseline_of(grid)
+    if AXIS not in axes:
+        raise ConfigError(f"{where}: recipes are chosen with the budget, on a grid with a `{AXIS}` axis")
+    if key not in axes or key == AXIS or key != baseline_key:
+        raise ConfigError(f"{where}: groups values of the baseline's axis ({baseline_key}), not {key!r}")
+    values = [[v.strip() for v in group.partition("=")[2].split("|")] for group in groups]
+    named = [v for group in values for v in group]
+    unknown = sorted(set(named) - set(axes[key]))
+    if unknown or len(set(named)) != len(named):
+        raise ConfigError(
+            f"{where}: every value once, each one of {key}'s ({'|'.join(axes[key])})"
+            + (f"; not one: {unknown[0]!r}" if unknown else "")
+        )
+    if baseline_value not in named:
+        raise ConfigError(f"{where}: no group holds the baseline's value {baseline_value!r}")
+    return key, values
 
 
 def _curve_key(cell: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
@@ -87,12 +126,60 @@ def curves(runs: Sequence[Mapping[str, Any]], grid: ml_collections.ConfigDict) -
         chosen = [p for p in points if p[f"{chooser}_mean"] is not None]
         best = max(chosen, key=lambda p: p[f"{chooser}_mean"])["budget_steps"] if chosen else None
         rows.append({"curve": dict(curve), "name": _name(curve), "points": points, "best_budget": best})
-    return {
+    part = {
         "budgets": steps,
         "chosen_on": chooser,
         "curves": rows,
         "best_budget_comparisons": _best_budget_comparisons(by_curve, rows, grid, score),
     }
+    tuned = tuned_groups(grid)
+    return part if tuned is None else {**part, "tuned": _tuned(by_curve, tuned, grid, chooser, score)}
+
+
+def _tuned(by_curve, tuned, grid, chooser, score) -> dict[str, Any]:
+    """Per group of recipes and other axes, the recipe and budget with the highest mean `chooser` score
+    (ties: the earlier recipe of the axis, then the smaller budget); each group's choice against the
+    baseline group's with the same other axes, paired by seed on test and dev."""
+    key, groups = tuned
+    baseline_group = next(g for g in groups if baseline_of(grid)[1] in g)
+    splits = list(dict.fromkeys((chooser, "dev", "test")))
+
+    def mean(seeds: Mapping[int, Mapping[str, Any]], split: str) -> float | None:
+        values = [v for v in (score(f, split) for f in seeds.values()) if v is not None]
+        return statistics.mean(values) if values else None
+
+    best: dict[tuple, tuple[float, dict[str, Any], Mapping[int, Any]]] = {}
+    for curve, per_budget in by_curve.items():
+        recipe = dict(curve)[key]
+        group = next((g for g in groups if recipe in g), None)
+        if group is None:  # a value of the axis that no group names: not tuned
+            continue
+        others = tuple((k, v) for k, v in curve if k != key)
+        for budget, seeds in sorted(per_budget.items()):
+            chosen = mean(seeds, chooser)
+            at = (tuple(group), others)
+            if chosen is None or (at in best and chosen <= best[at][0]):
+                continue
+            choice = {"group": f"{key}={'|'.join(group)}", "name": _name(others), key: recipe, AXIS: budget}
+            choice |= {"seeds": len(seeds), **{f"{split}_mean": mean(seeds, split) for split in splits}}
+            best[at] = (chosen, choice, seeds)
+
+    comparisons = []
+    for (group, others), (_, choice, seeds) in best.items():
+        if group == tuple(baseline_group) or (tuple(baseline_group), others) not in best:
+            continue
+        _, other, other_seeds = best[(tuple(baseline_group), others)]
+        row = {"group": choice["group"], "vs": other["group"], "name": choice["name"]}
+        for split in ("test", "dev"):
+            pairs = [
+                (score(seeds[s], split), score(other_seeds[s], split))
+                for s in sorted(set(seeds) & set(other_seeds))
+            ]
+            differences = [a - b for a, b in pairs if a is not None and b is not None]
+            if differences:
+                row[split] = {"n": len(differences), **array_statistics.t_interval(differences)}
+        comparisons.append(row)
+    return {"axis": key, "choices": [choice for _, choice, _ in best.values()], "comparisons": comparisons}
 
 
 def _best_budget_comparisons(by_curve, rows, grid, score) -> list[dict[str, Any]]:
@@ -163,17 +250,53 @@ def lines(report: Mapping[str, Any], metric: str) -> list[str]:
             "| --- | --- | --- | --- |",
         ]
         for row in part["best_budget_comparisons"]:
-            cells = []
-            for split in ("test", "dev"):
-                t = row.get(split)
-                cells.append(
-                    "-"
-                    if t is None
-                    else f"{_fmt(t['mean'], 100, True)} [{_fmt(t['ci_low'], 100, True)}, "
-                    f"{_fmt(t['ci_high'], 100, True)}] (n={t['n']})"
-                )
+            cells = _interval_cells(row)
             out.append(
                 f"| {row['name']} ({row['budget']}) | {row['other']} ({row['other_budget']}) | "
                 f"{cells[0]} | {cells[1]} |"
             )
+    if part.get("tuned"):
+        out += ["", *_tuned_lines(part["tuned"], metric, chooser)]
+    return out
+
+
+def _interval_cells(row: Mapping[str, Any]) -> list[str]:
+    cells = []
+    for split in ("test", "dev"):
+        t = row.get(split)
+        cells.append(
+            "-"
+            if t is None
+            else f"{_fmt(t['mean'], 100, True)} [{_fmt(t['ci_low'], 100, True)}, "
+            f"{_fmt(t['ci_high'], 100, True)}] (n={t['n']})"
+        )
+    return cells
+
+
+def _tuned_lines(tuned: Mapping[str, Any], metric: str, chooser: str) -> list[str]:
+    """report.md's tuned strategies: each group's chosen recipe and budget, then the comparisons."""
+    key = tuned["axis"]
+    out = [
+        f"Each strategy tuned on {chooser} (grid key `{TUNED_KEY}`: its recipes, values of `{key}`, x the "
+        f"budgets; the pair with the highest mean {chooser} {metric} is its choice), and each choice "
+        "against the baseline's (points, paired by seed, seed-level t-interval 95%). The choice is made "
+        f"on {chooser} alone; dev and test only report it.",
+        "",
+        f"| strategy (recipes) | other axes | chosen {key} | chosen budget | {chooser} | dev | test |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in tuned["choices"]:
+        out.append(
+            f"| {c['group']} | {c['name']} | {c[key]} | {c[AXIS]} | {_fmt(c[f'{chooser}_mean'])} | "
+            f"{_fmt(c['dev_mean'])} | {_fmt(c['test_mean'])} |"
+        )
+    if tuned["comparisons"]:
+        out += [
+            "",
+            "| strategy (recipes) | vs | other axes | test: mean [95% CI] | dev: mean [95% CI] |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for row in tuned["comparisons"]:
+            test, dev = _interval_cells(row)
+            out.append(f"| {row['group']} | {row['vs']} | {row['name']} | {test} | {dev} |")
     return out

@@ -217,6 +217,7 @@ GRID_KEYS = (
     "paper_results",
     "equivalence_margin",
     "bootstrap_samples",
+    "tuned_recipes",
 )
 
 

@@ -155,6 +155,7 @@ def plan_grid(
         )
     check_grid(grid)
     budget_curves.budgets_of(grid)  # a budget axis: positive step counts, increasing
+    budget_curves.tuned_groups(grid)  # recipes chosen with the budget: groups of the baseline's axis
     runs = runs_of(grid)
     baseline_of(grid)
     ensembles = ensembles_of(grid)

@@ -161,7 +161,13 @@ RUN = Binding(
 # A grid's cells are runs; its report, ensembles and paper figures come from them. These keys only shape
 # the report (which rows, the paper's figures, the statistics' settings): changing them on a grid workdir
 # rewrites the report and retrains nothing.
-GRID_REPORT_ONLY_KEYS = ("paper_results", "comparisons", "equivalence_margin", "bootstrap_samples")
+GRID_REPORT_ONLY_KEYS = (
+    "paper_results",
+    "comparisons",
+    "equivalence_margin",
+    "bootstrap_samples",
+    "tuned_recipes",
+)
 GRID = Binding(
     "a grid",
     "grid_config.json",
