@@ -95,7 +95,7 @@ def test_a_budget_axis_grid_with_the_selection_split_end_to_end(tmp_path):
     [
         ("qqp", 72, [300, 600], 3, 16),  # 2 pair heads x 2 stacked recipes x 2 baselines x 2 budgets
         ("conll", 60, [150, 300, 600], 5, 3),
-        ("yahoo", 90, [75, 150, 300], 5, 9),  # the ensemble and both complex heads x 3 budgets
+        ("yahoo", 60, [150, 300], 5, 6),  # the ensemble and both complex heads x 2 budgets
     ],
 )
 def test_the_learning_curve_grids_hold_out_selection_and_span_their_budgets(
