@@ -8,8 +8,10 @@ of any finished `--phase`) or an export's (`--model`, export.py). Inputs are the
 TSV, Yahoo CSV, CoNLL), labelled or not, or one example per line (data/task_spec.py `example_from_line`:
 JSON objects or the task's plain text; `--input=-` reads standard input and answers each line as it
 comes). The output is JSONL, one record per example in input order, the records of the run's own
-`predictions/<split>.jsonl`; a labelled input is also scored (`--scores`). The run's evaluator does the
-work: all devices, length-sorted batches gathered back into input order, the persistent compilation cache.
+`predictions/<split>.jsonl`; a labelled input is also scored (`--scores`). `--decode=iob2` has a
+softmax word tagger predict well-formed IOB2 sequences only (models/word_scores.py), without retraining.
+The run's evaluator does the work: all devices, length-sorted batches gathered back into input order,
+the persistent compilation cache.
 
 Every refusal (an unfinished run, a file of another task, bad bytes, an unknown class or tag, an output
 that exists, a damaged record or checkpoint, tokenizer files other than those the run or export
@@ -45,6 +47,13 @@ flags.DEFINE_string(
 )
 flags.DEFINE_integer(
     "per_device_batch_size", None, "Examples per device and batch (default: the run's eval batch)."
+)
+flags.DEFINE_enum(
+    "decode",
+    None,
+    ["iob2"],
+    "iob2: a softmax word tagger (token_mlp, bilstm) predicts the most probable well-formed IOB2 tag "
+    "sequence (Viterbi under IOB2 constraints) instead of each word's argmax; the parameters are the run's.",
 )
 flags.DEFINE_bool("overwrite", False, "Replace non-empty --output/--scores files.")
 STDIN = "-"
@@ -84,8 +93,10 @@ def _open_source():
             raise UsageError(
                 "--params and --phase choose among a workdir's parameters; an export holds one set"
             )
-        return opening.open_export(FLAGS.model)
-    return opening.open_workdir(FLAGS.workdir, params=FLAGS.params, phase=FLAGS.phase)
+        source = opening.open_export(FLAGS.model)
+    else:
+        source = opening.open_workdir(FLAGS.workdir, params=FLAGS.params, phase=FLAGS.phase)
+    return source if FLAGS.decode is None else opening.with_iob2_decoding(source)
 
 
 @cli_errors.guarded

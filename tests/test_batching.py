@@ -409,12 +409,20 @@ def test_a_record_without_the_batching_block_reads_as_the_random_batches_it_ran(
     assert spec.resolve(spec.config_from_plain(plain), recorded=True).train_order == batching.TrainOrder(
         batching.LENGTH_GROUPED, (16, 32), batching.GROUP_BATCHES, batching.BATCH_MEAN
     )
-    # Every committed run recorded before the key reruns as what it ran.
+    # Every committed run reruns as what it ran: random batches in doubling buckets where it recorded no
+    # batching block, else the scheme it recorded.
     committed = sorted((REPO / "docs" / "grids").glob("*/runs/*/config.json"))
-    assert committed
-    for path in committed[::25]:
+    recorded = {path: json.loads(path.read_text())["config"].get("batching") for path in committed[::25]}
+    assert None in recorded.values()
+    for path, block in recorded.items():
         order = spec.resolve(config_cli.recorded_run_config(path), recorded=True).train_order
-        assert (order.scheme, order.buckets) == (batching.RANDOM, batching.length_buckets(order.buckets[-1]))
+        if block is None:
+            assert (order.scheme, order.buckets) == (
+                batching.RANDOM,
+                batching.length_buckets(order.buckets[-1]),
+            ), path
+        else:
+            assert order.scheme == block["scheme"] and order.loss_weighting == block["loss_weighting"], path
 
 
 def test_resuming_with_another_batching_is_refused_like_any_changed_key(tmp_path):

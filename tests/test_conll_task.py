@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from configs import tiny
-from stackft_jax.config import config_cli
+from stackft_jax.config import config_cli, spec
 from stackft_jax.data import batching, conll, metrics, tasks, tokenization
 from stackft_jax.data.samples import sample_path
 from stackft_jax.data.task_spec import Split, load_split
@@ -217,3 +217,23 @@ def test_a_recorded_run_without_entity_f1_binds_as_strict_where_a_rule_reads_it(
     # no rule reads it (no gap rule, the last parameters scored): the same run under either value
     old, now = old_and_now(["strategy=finetune_only"])
     assert old == now and "entity_f1" not in now["data"]
+
+
+@pytest.mark.slow
+def test_token_mlp_with_iob2_decoding_trains_alike_and_decodes_well_formed_iob2(tokenizer):
+    plain = tiny.get_config("conll,head=token_mlp")
+    nll_plain, _ = _model_outputs(plain, tokenizer, 40)
+    constrained = tiny.get_config("conll,head=token_mlp,head.token_mlp.iob2_decoding=true")
+    nll, tags = _model_outputs(constrained, tokenizer, 40)
+    np.testing.assert_array_equal(nll, nll_plain)  # the same weights and loss: decoding alone differs
+    for sentence in tags:
+        names = [conll.TAGS[t] for t in sentence]
+        for previous, current in zip(["O", *names], names, strict=False):
+            if current.startswith("I-"):
+                assert previous[2:] == current[2:], names
+
+
+def test_iob2_decoding_is_refused_for_a_crf_head():
+    config = tiny.get_config("conll,head=bilstm_crf,head.bilstm_crf.iob2_decoding=true")
+    with pytest.raises(ConfigError, match="head.bilstm_crf.iob2_decoding decodes a softmax head"):
+        spec.resolve(config)

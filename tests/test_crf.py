@@ -7,9 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import scipy.special
 from flax import nnx
 
-from stackft_jax.models import crf
+from stackft_jax.models import crf, word_scores
 
 TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 
@@ -234,3 +235,30 @@ def test_bfloat16_emissions_are_close_to_float32():
     half = model.log_likelihood(emissions.astype(jnp.bfloat16), tags, lengths)
     assert half.dtype == jnp.float32
     np.testing.assert_allclose(half, full, atol=0.1)
+
+
+def test_a_softmax_tagger_decodes_the_most_probable_allowed_sequence_under_iob2_decoding():
+    """WordLogits with the IOB2 constraints alone (head option `iob2_decoding`): every decoded sequence
+    is well-formed, and it is the allowed path with the highest sum of per-word log-probabilities."""
+    potentials = crf.constraint_potentials(crf.iob2_constraints(TAGS))
+    rng = np.random.default_rng(7)
+    # Logits that favour I- tags: the plain argmax would open entities with I- in most rows.
+    logits = jnp.asarray(rng.normal(size=(100, 4, len(TAGS))) + np.array([0, 0, 2, 0, 2]), jnp.float32)
+    lengths = jnp.asarray(rng.integers(1, 5, size=100), jnp.int32)
+    plain = np.asarray(word_scores.WordLogits(logits).decode(lengths))
+    tags = np.asarray(word_scores.WordLogits(logits, potentials).decode(lengths))
+    assert not all(_is_allowed(tuple(row[:n])) for row, n in zip(plain, np.asarray(lengths), strict=True))
+    log_probabilities = scipy.special.log_softmax(np.asarray(logits, np.float64), axis=-1)
+    for row, plain_row, n, scores in zip(tags, plain, np.asarray(lengths), log_probabilities, strict=True):
+        assert _is_allowed(tuple(row[:n])) and np.all(row[n:] == crf.PAD_TAG)
+        allowed = [p for p in itertools.product(range(len(TAGS)), repeat=n) if _is_allowed(p)]
+        best = max(allowed, key=lambda p: sum(scores[t, tag] for t, tag in enumerate(p)))
+        assert tuple(row[:n]) == best
+        if _is_allowed(tuple(plain_row[:n])):  # a well-formed argmax is already the best allowed path
+            assert np.array_equal(row[:n], plain_row[:n])
+    # Training reads the logits alone: the same loss with or without the constraints.
+    labels = jnp.asarray(rng.integers(0, len(TAGS), size=(100, 4)), jnp.int32)
+    np.testing.assert_array_equal(
+        word_scores.WordLogits(logits, potentials).negative_log_likelihood(labels, lengths),
+        word_scores.WordLogits(logits).negative_log_likelihood(labels, lengths),
+    )

@@ -11,6 +11,7 @@ import pytest
 
 from stackft_jax.data import conll, glue, tasks, yahoo
 from stackft_jax.data.samples import sample_path
+from stackft_jax.runtime.cli_errors import UsageError
 from stackft_jax.trained import inference, opening
 
 REPO = Path(__file__).resolve().parent.parent
@@ -161,6 +162,36 @@ def test_conll_raw_sentences_get_one_tag_per_word(conll_run, tmp_path):
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [len(r["prediction"]) for r in records] == [len(s.split()) for s in sentences]
     assert all(tag in conll.TAGS for r in records for tag in r["prediction"]) and "label" not in records[0]
+
+
+@pytest.mark.slow
+def test_iob2_decoding_predicts_well_formed_sequences_from_the_same_parameters(run_cli, conll_run, tmp_path):
+    """--decode=iob2 on a softmax tagger (a tiny token_mlp run): every predicted sentence is well-formed
+    IOB2, so conlleval's and strict entity F1 agree on it; a CRF head refuses in one line."""
+    workdir = tmp_path / "token_mlp"
+    proc = run_cli(workdir, config="configs/tiny.py:conll,head=token_mlp")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    scores, out = tmp_path / "scores.json", tmp_path / "dev.jsonl"
+    dev = sample_path("conll_dev.txt")
+    proc = _predict_cli(
+        f"--workdir={workdir}", f"--input={dev}", f"--output={out}", f"--scores={scores}", "--decode=iob2"
+    )
+    assert proc.returncode == 0, proc.stderr
+    for record in (json.loads(line) for line in out.read_text().splitlines()):
+        tags = record["prediction"]
+        for previous, current in zip(["O", *tags], tags, strict=False):
+            assert not current.startswith("I-") or previous[2:] == current[2:], tags
+    scored = json.loads(scores.read_text())
+    assert scored["f1"] == scored["strict_f1"]
+    refused = _predict_cli(f"--workdir={conll_run}", f"--input={dev}", "--output=-", "--decode=iob2")
+    assert refused.returncode != 0 and len(refused.stderr.strip().splitlines()) == 1
+    assert "head is bilstm_crf, whose CRF decodes under IOB2 constraints already" in refused.stderr
+
+
+def test_iob2_decoding_needs_a_softmax_word_tagger(uninterrupted):
+    source = opening.open_workdir(uninterrupted)
+    with pytest.raises(UsageError, match="decodes a softmax word tagger .*head is cls_mlp$"):
+        opening.with_iob2_decoding(source)
 
 
 def _write(path: Path, text: str | bytes) -> Path:

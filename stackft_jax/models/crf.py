@@ -70,6 +70,25 @@ class Potentials:
     end: jax.Array  # [K]
 
 
+def constrained(
+    constraints: Constraints, start: jax.Array, transitions: jax.Array, end: jax.Array
+) -> Potentials:
+    """Potentials with every move `constraints` forbids set to FORBIDDEN."""
+    return Potentials(
+        start=jnp.where(np.asarray(constraints.start), start, FORBIDDEN),
+        transitions=jnp.where(np.asarray(constraints.transitions), transitions, FORBIDDEN),
+        end=jnp.where(np.asarray(constraints.end), end, FORBIDDEN),
+    )
+
+
+def constraint_potentials(constraints: Constraints) -> Potentials:
+    """The constraints alone, as potentials: 0 for an allowed move, FORBIDDEN otherwise. Viterbi over
+    per-word log-probabilities with these finds the most probable sequence the constraints allow
+    (a softmax tagger's constrained decoding: word_scores.WordLogits)."""
+    k = len(constraints.start)
+    return constrained(constraints, jnp.zeros(k), jnp.zeros((k, k)), jnp.zeros(k))
+
+
 def _positions(emissions: jax.Array, lengths: jax.Array) -> jax.Array:
     return jnp.arange(emissions.shape[1])[None, :] < lengths[:, None]  # [B, T]
 
@@ -159,12 +178,9 @@ class CRF(nnx.Module):
 
     def potentials(self) -> Potentials:
         start, transitions, end = self.start[...], self.transitions[...], self.end[...]
-        if self.constraints is not None:
-            c = self.constraints
-            start = jnp.where(np.asarray(c.start), start, FORBIDDEN)
-            transitions = jnp.where(np.asarray(c.transitions), transitions, FORBIDDEN)
-            end = jnp.where(np.asarray(c.end), end, FORBIDDEN)
-        return Potentials(start=start, transitions=transitions, end=end)
+        if self.constraints is None:
+            return Potentials(start=start, transitions=transitions, end=end)
+        return constrained(self.constraints, start, transitions, end)
 
     def log_likelihood(self, emissions: jax.Array, tags: jax.Array, lengths: jax.Array) -> jax.Array:
         """log p(tags | emissions) per sequence [B]."""

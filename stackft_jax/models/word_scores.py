@@ -6,7 +6,8 @@ states that `Features.word_states` gathers, `Features.word_width` of them); posi
 are padding in every row and are ignored.
 
   WordLogits     independent per-word scores (a softmax tagger): cross-entropy summed over the words,
-                 argmax per word.
+                 argmax per word; or, with `decode_potentials` (a head's `iob2_decoding`), the most
+                 probable sequence those potentials allow (Viterbi over the log-probabilities).
   CrfWordScores  emissions plus a linear-chain CRF's potentials (models/crf.py): sequence negative
                  log-likelihood by the forward algorithm, Viterbi decoding.
 """
@@ -28,6 +29,9 @@ def _real_words(scores: jax.Array, num_words: jax.Array) -> jax.Array:
 @flax.struct.dataclass
 class WordLogits:
     logits: jax.Array  # [batch, width, num_tags]
+    # Fixed moves (crf.constraint_potentials) that decoding keeps to; None: argmax per word. Training
+    # (per-word cross-entropy) never reads them.
+    decode_potentials: crf.Potentials | None = None
 
     def negative_log_likelihood(self, labels: jax.Array, num_words: jax.Array) -> jax.Array:
         labels = labels[:, : self.logits.shape[1]]
@@ -39,6 +43,10 @@ class WordLogits:
         return jnp.sum(per_word * real, axis=1)
 
     def decode(self, num_words: jax.Array) -> jax.Array:
+        if self.decode_potentials is not None:
+            log_probabilities = jax.nn.log_softmax(self.logits.astype(jnp.float32), axis=-1)
+            tags, _ = crf.decode(log_probabilities, num_words, self.decode_potentials)
+            return tags.astype(jnp.int32)
         best = jnp.argmax(self.logits, axis=-1).astype(jnp.int32)
         return jnp.where(_real_words(self.logits, num_words), best, PAD_TAG)
 

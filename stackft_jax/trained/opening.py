@@ -11,6 +11,7 @@ training), and nothing goes through the workdir binding (workdirs.py).
     model = source.load()                                      # graphdef, params (one device)
 """
 
+import copy
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from flax import nnx
 from stackft_jax.config import spec
 from stackft_jax.config.spec import RunSpec
 from stackft_jax.data.task_spec import TaskSpec
-from stackft_jax.models import bert
+from stackft_jax.models import bert, heads
 from stackft_jax.models.adaptation import EncoderAdaptation
 from stackft_jax.runtime import records
 from stackft_jax.runtime.cli_errors import DataError, UsageError
@@ -138,6 +139,23 @@ def open_workdir(workdir: str | Path, *, params: str | None = None, phase: str |
     if params == "best" and not (workdir / "checkpoints" / "best").is_dir():
         raise UsageError(f"--params=best: {workdir} has no best checkpoint (checkpoints/best)")
     return Source(workdir, run_spec, False, params, None, results)
+
+
+def with_iob2_decoding(source: Source, flag: str = "--decode=iob2") -> Source:
+    """`source` with its softmax word tagger decoding the most probable well-formed IOB2 sequence
+    (the head option `iob2_decoding`; the parameters are unchanged). One line where the head has a CRF
+    (which decodes under IOB2 constraints already) or tags no words."""
+    head = source.run_spec.head
+    if not heads.is_word_tagger(head) or head[head.name].crf:
+        raise UsageError(
+            f"{flag} decodes a softmax word tagger (token_mlp, bilstm); {source.path}'s head is "
+            f"{head.name}"
+            + (", whose CRF decodes under IOB2 constraints already" if heads.is_word_tagger(head) else "")
+        )
+    decoded = copy.deepcopy(head)
+    with decoded.unlocked():
+        decoded[head.name].iob2_decoding = True
+    return dataclasses.replace(source, run_spec=dataclasses.replace(source.run_spec, head=decoded))
 
 
 def _check_tokenizer(workdir: Path, run_spec: RunSpec) -> None:

@@ -72,6 +72,12 @@ def check_head(head_config: ml_collections.ConfigDict) -> None:
         raise ConfigError(
             f"config.head.name={name!r} is not a registered head{hint} (heads: {', '.join(sorted(HEADS))})"
         )
+    own = head_config[name]
+    if own.get("iob2_decoding") and own.get("crf"):
+        raise ConfigError(
+            f"config.head.{name}.iob2_decoding decodes a softmax head under IOB2 constraints; {name} has a "
+            f"CRF, which decodes under config.head.{name}.iob2_constraints"
+        )
 
 
 def is_word_tagger(head_config: ml_collections.ConfigDict) -> bool:

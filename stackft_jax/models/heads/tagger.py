@@ -40,6 +40,9 @@ def _config(*, hidden_dim: int, lstm_layers: int, use_crf: bool) -> ml_collectio
             "lstm_units": 256,  # units per direction of each BiLSTM layer
             "crf": use_crf,  # a linear-chain CRF over the tag scores (NLL training, Viterbi decoding)
             "iob2_constraints": True,  # CRF only: forbid O -> I-X and B-X -> I-Y in training and decoding
+            # Softmax heads only: decode the most probable well-formed IOB2 sequence (Viterbi over the
+            # per-word log-probabilities, the CRF's constraints, no learned transitions); training as is.
+            "iob2_decoding": False,
         }
     )
 
@@ -93,6 +96,9 @@ class WordTaggerHead(nnx.Module):
         self.hidden = hidden
         self.output = Dense(width, num_outputs, kernel_init=kaiming, dtype=dtype, rngs=rngs)
         self.crf = self._crf(config, num_outputs, output_names, rngs) if config.crf else None
+        self.decode_constraints = None  # static: the fixed moves a softmax head decodes under
+        if config.get("iob2_decoding") and not config.crf:
+            self.decode_constraints = self._iob2(output_names, num_outputs, "iob2_decoding")
 
     @staticmethod
     def _crf(
@@ -100,12 +106,17 @@ class WordTaggerHead(nnx.Module):
     ) -> crf.CRF:
         if not config.iob2_constraints:
             return crf.CRF(num_outputs, rngs=rngs)
+        constraints = WordTaggerHead._iob2(output_names, num_outputs, "iob2_constraints")
+        return crf.CRF(num_outputs, constraints=constraints, rngs=rngs)
+
+    @staticmethod
+    def _iob2(output_names: Sequence[str], num_outputs: int, key: str) -> crf.Constraints:
         if len(output_names) != num_outputs:
             raise ValueError(
-                "config.head.<name>.iob2_constraints needs the task's tag names; the task gives "
+                f"config.head.<name>.{key} needs the task's tag names; the task gives "
                 f"{len(output_names)} names for {num_outputs} tags"
             )
-        return crf.CRF(num_outputs, constraints=crf.iob2_constraints(output_names), rngs=rngs)
+        return crf.iob2_constraints(output_names)
 
     def _dropout(self, x: jax.Array, slots: int, *, deterministic: bool, rngs: nnx.Rngs | None) -> jax.Array:
         """Dropout on the trimmed words [batch, word_width, ...] with the mask drawn for all `slots`
@@ -133,4 +144,6 @@ class WordTaggerHead(nnx.Module):
         scores = self.output(x).astype(jnp.float32)
         if self.crf is not None:
             return CrfWordScores(scores, self.crf.potentials())
+        if self.decode_constraints is not None:
+            return WordLogits(scores, crf.constraint_potentials(self.decode_constraints))
         return WordLogits(scores)
