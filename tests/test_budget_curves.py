@@ -169,6 +169,8 @@ def test_each_strategy_is_tuned_on_the_selection_slice_and_compared_with_the_bas
     expected = scipy.stats.ttest_1samp(differences, 0.0)
     assert row["test"]["mean"] == pytest.approx(0.03) and row["test"]["n"] == 3
     assert row["test"]["p_value"] == pytest.approx(expected.pvalue)
+    assert row["test"]["p_holm"] == pytest.approx(expected.pvalue)  # one row: Holm changes nothing
+    assert row["test"]["tost_p"] > 0.05  # a 3-point gain is not level within the default 1 point
     text = "\n".join(budget_curves.lines({"budget_curves": budget_curves.curves(runs, g)}, "accuracy"))
     assert "| recipe=c|d | base | c | 1 | 0.7600 | 0.8000 | 0.8400 |" in text
 

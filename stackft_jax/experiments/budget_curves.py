@@ -26,12 +26,17 @@ from typing import Any
 import ml_collections
 
 from stackft_jax.experiments import statistics as array_statistics
-from stackft_jax.experiments.cells import baseline_of, parse_axes
+from stackft_jax.experiments.cells import baseline_of, parse_axes, report_settings
+from stackft_jax.experiments.statistics import format_p
 from stackft_jax.runtime.cli_errors import ConfigError
 
 AXIS = "budget_steps"
 SELECTION = "selection"  # data/task_spec.py SELECTION: the split budgets are chosen on
 TUNED_KEY = "tuned_recipes"
+PAIRED = (
+    "mean [seed-level 95% t-interval], two-sided t-test p with Holm over the table's rows per split, "
+    "TOST p at the grid's `equivalence_margin`"
+)
 
 
 def budgets_of(grid: ml_collections.ConfigDict) -> list[int] | None:
@@ -177,8 +182,9 @@ def _tuned(by_curve, tuned, grid, chooser, score) -> dict[str, Any]:
             ]
             differences = [a - b for a, b in pairs if a is not None and b is not None]
             if differences:
-                row[split] = {"n": len(differences), **array_statistics.t_interval(differences)}
+                row[split] = _paired(differences, grid)
         comparisons.append(row)
+    _holm(comparisons)
     return {"axis": key, "choices": [choice for _, choice, _ in best.values()], "comparisons": comparisons}
 
 
@@ -203,9 +209,32 @@ def _best_budget_comparisons(by_curve, rows, grid, score) -> list[dict[str, Any]
             ]
             differences = [a - b for a, b in pairs if a is not None and b is not None]
             if differences:
-                row[split] = {"n": len(differences), **array_statistics.t_interval(differences)}
+                row[split] = _paired(differences, grid)
         comparisons.append(row)
+    _holm(comparisons)
     return comparisons
+
+
+def _paired(differences: list[float], grid: ml_collections.ConfigDict) -> dict[str, Any]:
+    """A paired row's split: its seed-level t-interval and two-sided p, and TOST at the grid's margin."""
+    margin = report_settings(grid).equivalence_margin
+    return {
+        "n": len(differences),
+        **array_statistics.t_interval(differences),
+        "tost_p": array_statistics.tost(differences, margin)["p_value"],
+    }
+
+
+def _holm(rows: list[dict[str, Any]]) -> None:
+    """Each split's t-test p Holm-corrected over the table's rows that have one (`p_holm`)."""
+    from statsmodels.stats.multitest import multipletests
+
+    for split in ("test", "dev"):
+        tested = [row[split] for row in rows if row.get(split, {}).get("p_value") is not None]
+        if tested:
+            corrected = multipletests([t["p_value"] for t in tested], method="holm")[1]
+            for t, p in zip(tested, corrected, strict=True):
+                t["p_holm"] = float(p)
 
 
 def _fmt(value: float | None, scale: float = 1.0, sign: bool = False) -> str:
@@ -244,7 +273,7 @@ def lines(report: Mapping[str, Any], metric: str) -> list[str]:
         out += [
             "",
             f"Each curve at its best budget against the baseline's curve at its own (points of {metric}, "
-            "paired by seed, seed-level t-interval 95%):",
+            f"paired by seed: {PAIRED}):",
             "",
             "| curve (budget) | vs (budget) | test: mean [95% CI] | dev: mean [95% CI] |",
             "| --- | --- | --- | --- |",
@@ -268,7 +297,8 @@ def _interval_cells(row: Mapping[str, Any]) -> list[str]:
             "-"
             if t is None
             else f"{_fmt(t['mean'], 100, True)} [{_fmt(t['ci_low'], 100, True)}, "
-            f"{_fmt(t['ci_high'], 100, True)}] (n={t['n']})"
+            f"{_fmt(t['ci_high'], 100, True)}] (n={t['n']}), p {format_p(t['p_value'])} "
+            f"(Holm {format_p(t.get('p_holm'))}), TOST p {format_p(t.get('tost_p'))}"
         )
     return cells
 
@@ -279,8 +309,8 @@ def _tuned_lines(tuned: Mapping[str, Any], metric: str, chooser: str) -> list[st
     out = [
         f"Each strategy tuned on {chooser} (grid key `{TUNED_KEY}`: its recipes, values of `{key}`, x the "
         f"budgets; the pair with the highest mean {chooser} {metric} is its choice), and each choice "
-        "against the baseline's (points, paired by seed, seed-level t-interval 95%). The choice is made "
-        f"on {chooser} alone; dev and test only report it.",
+        f"against the baseline's (points, paired by seed: {PAIRED}). The choice is made on {chooser} "
+        "alone; dev and test only report it.",
         "",
         f"| strategy (recipes) | other axes | chosen {key} | chosen budget | {chooser} | dev | test |",
         "| --- | --- | --- | --- | --- | --- | --- |",
