@@ -95,11 +95,16 @@ def test_tagging_heads_ignore_padding_and_respect_iob2(head, tokenizer):
     np.testing.assert_allclose(nll_short, nll_long, rtol=1e-5, atol=1e-5)
     assert tags_short == tags_long and np.all(np.isfinite(nll_short))
     if config.head[head].crf:  # random weights, yet constrained Viterbi never emits a forbidden move
-        for sentence in tags_short:
-            names = [conll.TAGS[t] for t in sentence]
-            for previous, current in zip(["O", *names], names, strict=False):
-                if current.startswith("I-"):
-                    assert previous[2:] == current[2:], names
+        _assert_well_formed_iob2(tags_short)
+
+
+def _assert_well_formed_iob2(tagged: list[list[int]]) -> None:
+    """Every `I-X` follows `B-X` or `I-X` in each sentence's tag ids."""
+    for sentence in tagged:
+        names = [conll.TAGS[t] for t in sentence]
+        for previous, current in zip(["O", *names], names, strict=False):
+            if current.startswith("I-"):
+                assert previous[2:] == current[2:], names
 
 
 def test_crf_constraints_need_iob2_tag_names():
@@ -226,11 +231,7 @@ def test_token_mlp_with_iob2_decoding_trains_alike_and_decodes_well_formed_iob2(
     constrained = tiny.get_config("conll,head=token_mlp,head.token_mlp.iob2_decoding=true")
     nll, tags = _model_outputs(constrained, tokenizer, 40)
     np.testing.assert_array_equal(nll, nll_plain)  # the same weights and loss: decoding alone differs
-    for sentence in tags:
-        names = [conll.TAGS[t] for t in sentence]
-        for previous, current in zip(["O", *names], names, strict=False):
-            if current.startswith("I-"):
-                assert previous[2:] == current[2:], names
+    _assert_well_formed_iob2(tags)
 
 
 def test_iob2_decoding_is_refused_for_a_crf_head():
