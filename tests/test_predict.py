@@ -165,9 +165,14 @@ def test_conll_raw_sentences_get_one_tag_per_word(conll_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_iob2_decoding_predicts_well_formed_sequences_from_the_same_parameters(run_cli, conll_run, tmp_path):
+def test_iob2_decoding_predicts_well_formed_sequences_from_the_same_parameters(
+    run_cli, conll_run, uninterrupted, tmp_path
+):
     """--decode=iob2 on a softmax tagger (a tiny token_mlp run): every predicted sentence is well-formed
-    IOB2, so conlleval's and strict entity F1 agree on it; a CRF head refuses in one line."""
+    IOB2, so conlleval's and strict entity F1 agree on it; a CRF head, or a head that tags no words,
+    refuses in one line."""
+    with pytest.raises(UsageError, match="decodes a softmax word tagger .*head is cls_mlp$"):
+        opening.with_iob2_decoding(opening.open_workdir(uninterrupted))
     workdir = tmp_path / "token_mlp"
     proc = run_cli(workdir, config="configs/tiny.py:conll,head=token_mlp")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -186,12 +191,6 @@ def test_iob2_decoding_predicts_well_formed_sequences_from_the_same_parameters(r
     refused = _predict_cli(f"--workdir={conll_run}", f"--input={dev}", "--output=-", "--decode=iob2")
     assert refused.returncode != 0 and len(refused.stderr.strip().splitlines()) == 1
     assert "head is bilstm_crf, whose CRF decodes under IOB2 constraints already" in refused.stderr
-
-
-def test_iob2_decoding_needs_a_softmax_word_tagger(uninterrupted):
-    source = opening.open_workdir(uninterrupted)
-    with pytest.raises(UsageError, match="decodes a softmax word tagger .*head is cls_mlp$"):
-        opening.with_iob2_decoding(source)
 
 
 def _write(path: Path, text: str | bytes) -> Path:
