@@ -128,7 +128,8 @@ def conll(c: ml_collections.ConfigDict) -> None:
     c.base += SELECTION + NEW_RUN_KEYS
     budgets = (150, 300, 600)
     c.axes = (
-        "strategy=finetune_only|stack_and_finetune; head.name=token_mlp|bilstm_crf; budget_steps="
+        "strategy=finetune_only|stack_and_finetune; head.name=token_mlp|bilstm_crf; "
+        + f"{AXIS}="
         + "|".join(map(str, budgets))
     )
     c.matched = ""

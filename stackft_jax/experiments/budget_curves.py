@@ -227,14 +227,10 @@ def _paired(differences: list[float], grid: ml_collections.ConfigDict) -> dict[s
 
 def _holm(rows: list[dict[str, Any]]) -> None:
     """Each split's t-test p Holm-corrected over the table's rows that have one (`p_holm`)."""
-    from statsmodels.stats.multitest import multipletests
-
     for split in ("test", "dev"):
         tested = [row[split] for row in rows if row.get(split, {}).get("p_value") is not None]
-        if tested:
-            corrected = multipletests([t["p_value"] for t in tested], method="holm")[1]
-            for t, p in zip(tested, corrected, strict=True):
-                t["p_holm"] = float(p)
+        for t, p in zip(tested, array_statistics.holm([t["p_value"] for t in tested]), strict=True):
+            t["p_holm"] = p
 
 
 def _fmt(value: float | None, scale: float = 1.0, sign: bool = False) -> str:

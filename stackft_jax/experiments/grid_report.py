@@ -541,13 +541,9 @@ def _split_statistics(
 
 def _holm(rows: list[dict[str, Any]], p_of: Any, write: Any) -> None:
     """Holm over the rows whose p (`p_of(row)`) exists, each corrected p handed to `write(row, p)`."""
-    from statsmodels.stats.multitest import multipletests
-
     tested = [row for row in rows if p_of(row) is not None]
-    if tested:
-        corrected = multipletests([p_of(row) for row in tested], method="holm")[1]
-        for row, p in zip(tested, corrected, strict=True):
-            write(row, float(p))
+    for row, p in zip(tested, array_statistics.holm([p_of(row) for row in tested]), strict=True):
+        write(row, p)
 
 
 def comparisons(

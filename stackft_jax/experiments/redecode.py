@@ -31,7 +31,7 @@ flags.DEFINE_string("input", None, "The labelled file to predict, in the task's 
 flags.DEFINE_string("split", None, "The split --input is in the runs' results.json (test, dev).")
 flags.DEFINE_string("out", None, "Where the JSON goes.")
 METRICS = ("f1", "strict_f1")
-_SEED = re.compile(r"-seed(?P<seed>\d+)$")
+_SEED = re.compile(r"-seed\d+$")
 
 
 def rescore(run: Path, input_file: Path, split: str) -> dict[str, Any]:

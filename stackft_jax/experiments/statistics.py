@@ -257,6 +257,13 @@ def t_interval(differences: Sequence[float], confidence: float = 0.95) -> dict[s
             "p_value": float(result.pvalue), "df": len(d) - 1}  # fmt: skip
 
 
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down correction of a family of p values (statsmodels), in their order; [] for none."""
+    from statsmodels.stats.multitest import multipletests
+
+    return [float(p) for p in multipletests(list(p_values), method="holm")[1]] if p_values else []
+
+
 def tost(differences: Sequence[float], margin: float) -> dict[str, float | bool | None]:
     """Two one-sided t-tests over seeds (statsmodels' ttost_paired) that the mean difference lies within
     (-margin, +margin): p < 0.05 backs "equivalent within the margin"; a large p is no evidence of a
