@@ -149,6 +149,20 @@ def test_t_interval_is_scipys_paired_t_interval():
     assert flat["p_value"] is None and flat["ci_low"] == flat["ci_high"] == 0.02
 
 
+def test_differences_equal_but_for_rounding_have_no_spread():
+    # Two seeds each 1 point ahead (accuracy over 400 items): the float differences differ in their last
+    # bits. A t-test on them would give p near 0 and a zero-width interval; they have no spread.
+    d = [0.9525 - 0.9425, 0.94 - 0.93]
+    assert d[0] != d[1]
+    result = statistics.t_interval(d)
+    assert result["p_value"] is None and result["ci_low"] == result["ci_high"] == pytest.approx(0.01)
+    assert statistics.tost(d, 0.005)["p_value"] is None
+    assert statistics.minimum_detectable_difference(d) is None
+    # A real spread, however small against the scores, is still tested.
+    assert statistics.t_interval([0.0100, 0.0101])["p_value"] is not None
+    assert not statistics.has_spread(np.array([1e6 + 1e-7, 1e6]))
+
+
 def test_tost_backs_level_only_when_the_interval_fits_in_the_margin():
     rng = np.random.default_rng(5)
     tight = 0.001 * rng.standard_normal(5)  # within +-0.3 points, margin 1 point

@@ -241,6 +241,15 @@ def quantile_mc_error(resampled: np.ndarray, q: float) -> float:
     return float((x[above] - x[below]) / 2)
 
 
+def has_spread(differences: np.ndarray) -> bool:
+    """Whether the per-seed differences vary by more than float rounding. Differences of scores that are
+    equal in exact arithmetic (0.9525 - 0.9425 and 0.94 - 0.93) differ in their last bits, which a t-test
+    would read as an exact, infinitely narrow effect (p near 0): such differences have no spread."""
+    return len(differences) > 0 and float(np.ptp(differences)) > 1e-12 * max(
+        1.0, float(np.abs(differences).max())
+    )
+
+
 def t_interval(differences: Sequence[float], confidence: float = 0.95) -> dict[str, float | None]:
     """The paired seed-level t-interval of the mean difference and its two-sided p (scipy.stats): the
     report's primary interval. None where it is undefined (one seed; p also with no spread, the interval
@@ -249,7 +258,7 @@ def t_interval(differences: Sequence[float], confidence: float = 0.95) -> dict[s
     mean = float(d.mean())
     if len(d) < 2:
         return {"mean": mean, "ci_low": None, "ci_high": None, "p_value": None, "df": None}
-    if np.ptp(d) == 0:
+    if not has_spread(d):
         return {"mean": mean, "ci_low": mean, "ci_high": mean, "p_value": None, "df": len(d) - 1}
     result = scipy.stats.ttest_1samp(d, 0.0, alternative="two-sided")
     interval = result.confidence_interval(confidence)
@@ -272,7 +281,7 @@ def tost(differences: Sequence[float], margin: float) -> dict[str, float | bool 
     from statsmodels.stats.weightstats import ttost_paired
 
     d = np.asarray(differences, float)
-    if len(d) < 2 or np.ptp(d) == 0:
+    if len(d) < 2 or not has_spread(d):
         return {"margin": margin, "p_value": None, "equivalent": None}
     p = float(ttost_paired(d, np.zeros_like(d), -margin, margin)[0])
     return {"margin": margin, "p_value": p, "equivalent": p < 0.05}
@@ -287,7 +296,7 @@ def minimum_detectable_difference(
     from statsmodels.stats.power import TTestPower
 
     d = np.asarray(differences, float)
-    if len(d) < 2 or np.ptp(d) == 0:
+    if len(d) < 2 or not has_spread(d):
         return None
     effect = TTestPower().solve_power(nobs=len(d), alpha=alpha, power=power, alternative="two-sided")
     return float(effect * d.std(ddof=1))
