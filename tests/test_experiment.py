@@ -987,7 +987,13 @@ def test_configured_comparisons_pair_any_two_cells_with_a_t_interval_first(tmp_p
     wrong = {("finetune_only", "cls_mlp"): 3, ("finetune_only", "esim"): 5,
              ("stack_and_finetune", "cls_mlp"): 3, ("stack_and_finetune", "esim"): 1}  # fmt: skip
     for run in cells.runs_of(g):
-        misses = wrong[dict(run.cell)["strategy"], dict(run.cell)["head.name"]] + (run.seed == 2)
+        strategy, head = dict(run.cell)["strategy"], dict(run.cell)["head.name"]
+        # Seed 1 of the stacked esim cell misses one more: the cross row's differences vary by seed.
+        misses = (
+            wrong[strategy, head]
+            + (run.seed == 2)
+            + (run.seed == 1 and strategy == "stack_and_finetune" and head == "esim")
+        )
         _scored_run(tmp_path, run, {"dev": (_learned(run.seed, misses), LABELS_12)})
     grid_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
     report = json.loads((tmp_path / "report.json").read_text())
