@@ -6,8 +6,9 @@ reported; test is scored once per run. The report gives each curve on the select
 test, its best budget, each cell against the baseline at the same budget (the comparisons), and each
 curve at its best budget against the baseline's curve at its own (on test).
 
-The CoNLL curve is committed (docs/grids/budget_curves_conll); Yahoo's and QQP's are not yet (the issue
-caps the three at 25 CPU-hours: see each preset's cost). Commands, one process per core:
+The CoNLL and Yahoo curves are committed (docs/grids/budget_curves_conll, docs/grids/budget_curves_yahoo);
+QQP's is not yet (the issue caps the three at 25 CPU-hours: see each preset's cost). Commands, one
+process per core:
   taskset -c 0 python -m stackft_jax.experiment --config=configs/experiments/budget_curves.py:qqp \
     --workdir=docs/grids/budget_curves_qqp &
   taskset -c 1 python -m stackft_jax.experiment --config=configs/experiments/budget_curves.py:qqp \
@@ -146,7 +147,11 @@ def yahoo(c: ml_collections.ConfigDict) -> None:
     first seed's finetune-only runs took 149-441 s with cls_mlp, 192-367 s with Highway-LSTM and
     246-930 s with DenseNet (one process per core, 2026-11-29), about 400 s a run: 10 process-hours for
     90 runs. Dropping the 75-step point (the shortest, below the test grid's budget) keeps 5 seeds at
-    about 8 hours; the 75-step runs that had finished were left out of the grid."""
+    about 8 hours; the 75-step runs that had finished were left out of the grid.
+
+    Ran 2026-11-29 (docs/grids/budget_curves_yahoo, read in docs/budget_curves_reading.md), one process
+    per core: 6.5 process-hours for the 60 runs (results.json `wall_time_s`: 182-1062 s per run),
+    plus 0.2 for the four dropped 75-step runs."""
     _start_from(c, paper_yahoo.get_config("test"))
     c.base += SELECTION + NEW_RUN_KEYS
     budgets = (150, 300)
