@@ -93,7 +93,7 @@ def test_a_budget_axis_grid_with_the_selection_split_end_to_end(tmp_path):
 @pytest.mark.parametrize(
     ("preset", "runs", "budgets", "seeds", "paper_rows"),
     [
-        ("qqp", 72, [300, 600], 3, 16),  # 2 pair heads x 2 stacked recipes x 2 baselines x 2 budgets
+        ("qqp", 48, [300, 600], 3, 8),  # BiMPM x 2 stacked recipes x 2 baselines x 2 budgets
         ("conll", 60, [150, 300, 600], 5, 3),
         ("yahoo", 60, [150, 300], 5, 6),  # the ensemble and both complex heads x 2 budgets
     ],
