@@ -25,7 +25,7 @@ COMMITTED = {
     "docs/grids/phase1_dropout_small": "configs/experiments/phase1_dropout.py:small",
     "docs/grids/phase1_dropout_separate": "configs/experiments/phase1_dropout.py:separate",
     "docs/grids/paper_conll_small": "configs/experiments/paper_conll.py:small",
-    "docs/grids/paper_conll_test": "configs/experiments/paper_conll.py:test",
+    "docs/grids/paper_conll_test": "configs/experiments/paper_conll.py:test_no_cache",
     "docs/grids/paper_yahoo_small": "configs/experiments/paper_yahoo.py:small",
     "docs/grids/paper_yahoo_test": "configs/experiments/paper_yahoo.py:test_no_cache",
     "docs/grids/pilot_qqp": "configs/experiments/pilot.py:qqp",

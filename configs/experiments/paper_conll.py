@@ -101,7 +101,8 @@ def test_no_cache(c: ml_collections.ConfigDict) -> None:
     sentences, more than the 14,041 of the split the plan cells' cache reads once), every head's FLOPs
     counted: on one device 504 steps for token_mlp and 542 for bilstm_crf (the plan cells: 451 and 447).
     Run in the test grid's workdir it keeps the 20 finetune-only runs and trains the 10 new ones (about
-    4.7 process-hours: the committed matched runs' 1,314 and 1,561 s per run, scaled by steps); its 10
+    4.7 process-hours: the committed matched runs' 1,314 and 1,561 s per run, scaled by steps; they took
+    2.53, two processes on the 2-core machine on 2026-11-29, 859 and 960 s per run on average); its 10
     stack-and-finetune runs stay finished, `test`'s axes binding the strict F1 their gap rule read:
       taskset -c 0 python -m stackft_jax.experiment \
         --config=configs/experiments/paper_conll.py:test_no_cache \
