@@ -154,7 +154,7 @@ def test_adding_matched_cells_to_a_grid_workdir_keeps_its_finished_runs(tmp_path
 COMMITTED_TEST_GRIDS = ("paper_qqp", "paper_conll", "paper_yahoo")
 # The preset each committed test grid's workdir is bound to: `test`, or `test_no_cache` once its no-cache
 # matched cells are committed too.
-BOUND_PRESET = {"paper_qqp": "test_no_cache", "paper_conll": "test", "paper_yahoo": "test_no_cache"}
+BOUND_PRESET = {"paper_qqp": "test_no_cache", "paper_conll": "test_no_cache", "paper_yahoo": "test_no_cache"}
 
 
 @pytest.fixture
