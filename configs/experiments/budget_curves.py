@@ -78,10 +78,10 @@ def qqp(c: ml_collections.ConfigDict) -> None:
     Why Sim-Transformer is not on this curve (it stays in the test grid, docs/grids/paper_qqp_test, at
     300 steps and 5 seeds): the issue's 25 CPU-hours for all three curve grids and the matched cells.
     Spent before this grid: CoNLL curve 5.6, CoNLL rescoring 0.4, Yahoo curve 6.7, CoNLL no-cache cells
-    about 2.8 process-hours, so about 9.5 are left. Measured on 2026-11-29 with this grid's keys, one
+    2.53 process-hours, so about 9.8 are left. Measured on 2026-11-29 with this grid's keys, one
     process per core: finetune-only `cls_mlp` 243 s at 300 steps and 422 s at 600; Sim-Transformer 708 s
-    at 300, 380 s of it compiling the packed train step (XLA's CPU compiler takes about 2 minutes per
-    packed row count for that head); a later seed of a cell loads its programs from the persistent
+    at 300, 380 s of it compiling (two train-step compilations of about 2 minutes each, XLA's
+    "very slow compile" alarm); a later seed of a cell loads its programs from the persistent
     compilation cache (the Yahoo curve's `cls_mlp` runs: 68-114 s compiling at seed 0, 14-36 s after).
     At those costs (BiMPM taken as Sim-Transformer, stacked runs plus about 200 s of cached phase 1)
     the 72 runs with all three heads take about 12 hours, these 48 about 7. `head.name=cls_mlp|bimpm|
