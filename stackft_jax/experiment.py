@@ -12,6 +12,10 @@ A grid config (configs/experiments/*.py) holds:
             a value that sets several keys is `label:key=value,key=value` under a name of your choosing
             ("method=frozen:strategy=stack_only,model.scalar_mix=True|tuned:strategy=finetune_only"),
             and the label names it in run folders, the baseline and the report
+  exclude_cells optional, "" by default: "key=v1,key2=v2; key=v3" leaves the cells with all the values
+            of one group out of the axes' product (a strategy tried with one head only, say); a cell
+            whose baseline cell is left out gets no baseline row, an ensemble missing a member is not
+            built; not with `matched`
   num_seeds seeds 0 .. num_seeds-1 per cell
   baseline  "key=value": each other value of that axis is compared with it, for the same other axis
             values and seed (paired)

@@ -65,6 +65,60 @@ def test_bad_grids_are_named(changes, message):
         cells.baseline_of(_grid(**changes))
 
 
+def test_exclude_cells_leaves_cells_out_of_the_product_and_their_rows_with_them():
+    # A strategy tried with one head only: the stacked cls_mlp cell goes, seed by seed order stays.
+    g = _grid(
+        exclude_cells="strategy=stack_and_finetune,head.name=cls_mlp", ensembles="head.name=cls_mlp+esim"
+    )
+    runs = cells.runs_of(g)
+    assert [r.name for r in runs[:3]] == [
+        "strategy=finetune_only-name=cls_mlp-seed0",
+        "strategy=finetune_only-name=esim-seed0",
+        "strategy=stack_and_finetune-name=esim-seed0",
+    ]
+    assert len(runs) == 9 and not any(r.cell_name == "strategy=stack_and_finetune-name=cls_mlp" for r in runs)
+    assert [c.label for c in cells.comparisons_of(g)] == [
+        "strategy=stack_and_finetune-name=esim vs strategy=finetune_only-name=esim"
+    ]
+    # The ensemble whose cls_mlp member is left out is not built; the fine-tuned one is.
+    assert {e.run.cell_name for e in cells.ensembles_of(g)} == {"strategy=finetune_only-name=cls_mlp+esim"}
+    # A cell whose baseline cell is left out keeps its runs and gets no baseline row.
+    g = _grid(
+        exclude_cells="strategy=finetune_only,head.name=esim; strategy=stack_and_finetune,head.name=cls_mlp"
+    )
+    assert [r.cell_name for r in cells.runs_of(g)[:2]] == [
+        "strategy=finetune_only-name=cls_mlp",
+        "strategy=stack_and_finetune-name=esim",
+    ]
+    assert cells.comparisons_of(g) == []
+    assert cells.check_grid(g) is None
+
+
+@pytest.mark.parametrize(
+    ("exclude", "message"),
+    [
+        ("strategy", "is not `axis=value,axis=value,...`"),
+        ("strategy=finetune_only,strategy=stack_and_finetune", "(each axis once)"),
+        ("head=cls_mlp", "'head' is not an axis (strategy, head.name)"),
+        ("head.name=bimpm", "'bimpm' is not a value of head.name (cls_mlp|esim)"),
+        ("strategy=finetune_only; strategy=stack_and_finetune", "leaves out every cell"),
+    ],
+)
+def test_bad_exclude_cells_are_one_line_before_any_run(exclude, message, tmp_path):
+    with pytest.raises(ConfigError, match=re.escape(message)) as error:
+        grid.run_grid(_grid(exclude_cells=exclude), tmp_path)
+    assert "\n" not in str(error.value) and not (tmp_path / "runs").exists()
+
+
+def test_exclude_cells_is_refused_beside_matched_cells(tmp_path):
+    g = _grid(
+        exclude_cells="head.name=esim", matched="strategy=finetune_only@matched_steps:stack_and_finetune"
+    )
+    with pytest.raises(ConfigError, match="'matched' and 'exclude_cells' cannot be combined"):
+        grid.run_grid(g, tmp_path)
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_bad_key_in_an_axis_fails_before_training(tmp_path):
     with pytest.raises(ConfigError, match="phase1.num_stepz"):
         grid.run_grid(_grid(axes="phase1.num_stepz=1|2", baseline="phase1.num_stepz=1"), tmp_path)
@@ -367,6 +421,58 @@ def test_report_statistics_on_hand_made_runs(tmp_path):
     assert "| strategy=stack_and_finetune | 0.7400 ± 0.0100 |" in text and "+3.00" in text
     assert (tmp_path / "figures" / "metric_by_cell.png").stat().st_size > 1000
     assert (tmp_path / "figures" / "dev_curves.png").stat().st_size > 1000
+
+
+def test_a_report_of_a_grid_with_cells_left_out(tmp_path):
+    # Learning curves of three cells (the stacked cls_mlp cell left out): the report's cells, rows
+    # and curves are those of the runs that exist.
+    g = _grid(
+        axes="strategy=finetune_only|stack_and_finetune; head.name=cls_mlp|esim; budget_steps=1|3",
+        exclude_cells="strategy=stack_and_finetune,head.name=cls_mlp",
+        comparisons="strategy=stack_and_finetune-name=esim-budget_steps=3 vs "
+        "strategy=finetune_only-name=cls_mlp-budget_steps=3; baseline",
+        bootstrap_samples=100,
+    )
+    for run in cells.runs_of(g):
+        stacked = dict(run.cell)["strategy"] == "stack_and_finetune"
+        accuracy = 0.70 + 0.01 * run.seed + 0.05 * stacked + 0.02 * (dict(run.cell)["budget_steps"] == "3")
+        _fake_run(tmp_path, run, accuracy, [True, True, stacked, False])
+    grid_report.write_report(g, tmp_path, aso_iterations=ASO_ITERATIONS)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert len(report["cells"]) == 6 and len(report["runs"]) == 18
+    rows = [(r["name"], r["versus"]) for r in report["comparisons"]]
+    assert rows == [
+        (
+            "strategy=stack_and_finetune-name=esim-budget_steps=3",
+            "strategy=finetune_only-name=cls_mlp-budget_steps=3",
+        ),
+        (
+            "strategy=stack_and_finetune-name=esim-budget_steps=1",
+            "strategy=finetune_only-name=esim-budget_steps=1",
+        ),
+        (
+            "strategy=stack_and_finetune-name=esim-budget_steps=3",
+            "strategy=finetune_only-name=esim-budget_steps=3",
+        ),
+    ]
+    assert all(r["per_seed"] == pytest.approx([0.05] * 3) for r in report["comparisons"])
+    curves = report["budget_curves"]
+    assert [c["name"] for c in curves["curves"]] == [
+        "strategy=finetune_only-name=cls_mlp",
+        "strategy=finetune_only-name=esim",
+        "strategy=stack_and_finetune-name=esim",
+    ]
+    (best,) = curves["best_budget_comparisons"]
+    assert (best["name"], best["other"], best["budget"], best["other_budget"]) == (
+        "strategy=stack_and_finetune-name=esim",
+        "strategy=finetune_only-name=esim",
+        3,
+        3,
+    )
+    assert (
+        "less the cells `strategy=stack_and_finetune,head.name=cls_mlp`"
+        in (tmp_path / "report.md").read_text()
+    )
 
 
 DEV_LABELS = [1, 0, 1, 0]

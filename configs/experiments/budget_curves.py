@@ -7,7 +7,8 @@ test, its best budget, each cell against the baseline at the same budget (the co
 curve at its best budget against the baseline's curve at its own (on test).
 
 The CoNLL and Yahoo curves are committed (docs/grids/budget_curves_conll, docs/grids/budget_curves_yahoo);
-QQP's is not yet (the issue caps the three at 25 CPU-hours: see each preset's cost). Commands, one
+QQP's is running, its finished runs committed as they come (the issue caps the three at 25 CPU-hours:
+see each preset's cost). Commands, one
 process per core:
   taskset -c 0 python -m stackft_jax.experiment --config=configs/experiments/budget_curves.py:qqp \
     --workdir=docs/grids/budget_curves_qqp &
@@ -64,28 +65,27 @@ def _at_each_budget(contrasts: list[str], budgets: tuple[int, ...]) -> str:
 
 
 def qqp(c: ml_collections.ConfigDict) -> None:
-    """QQP, the light head and BiMPM (the paper's first pair head, which the test grid lacks), each
-    strategy with two recipes, the same small tuning budget per strategy (the selection slice chooses):
-    finetune-only with the new head at its own rate (`finetune_only`) or at BERT's
-    (`finetune_only_uniform`, the paper's; 2.89 points above the own rate for BiMPM on dev in
-    docs/grids/paper_qqp_small), stack-and-finetune with the test grid's 120-step cached phase 1
-    (`stack_and_finetune`) or a 30-step one (`stack_and_finetune_p1_30`, which ended stacked BiMPM about
-    6 points higher on dev in every seed in docs/grids/phase1_dropout_separate; the other variant found
-    there, no dropout in phase 2, changes fine-tuning itself and is left out). Budgets 300 / 600
-    fine-tuning steps (the test grid's 300 and its double; finetune-only at 665 steps was 3.41 points
-    above 300 in the test grid), 3 seeds: 4 recipes x 2 heads x 2 budgets x 3 seeds = 48 runs.
+    """QQP: the paper's layout and the same-head contrast, each strategy with the recipe the dev grids
+    found better (both chosen there among two: finetune-only with the new head at its own rate, 2.89
+    points above BERT's rate for BiMPM on dev in docs/grids/paper_qqp_small; stack-and-finetune with a
+    30-step cached phase 1, about 6 points above the 120-step one for stacked BiMPM on dev in every seed
+    in docs/grids/phase1_dropout_separate): finetune-only `cls_mlp` (the light head), finetune-only
+    BiMPM (the paper's first pair head, which the test grid lacks) and stack-and-finetune BiMPM, at 300 /
+    600 fine-tuning steps (the test grid's 300 and its double; finetune-only `cls_mlp` at 665 steps was
+    3.41 points above 300 on test there), 3 seeds: 3 cells x 2 budgets x 3 seeds = 18 runs.
 
-    Why Sim-Transformer is not on this curve (it stays in the test grid, docs/grids/paper_qqp_test, at
-    300 steps and 5 seeds): the issue's 25 CPU-hours for all three curve grids and the matched cells.
-    Spent before this grid: CoNLL curve 5.6, CoNLL rescoring 0.4, Yahoo curve 6.7, CoNLL no-cache cells
-    2.53 process-hours, so about 9.8 are left. Measured on 2026-11-29 with this grid's keys, one
-    process per core: finetune-only `cls_mlp` 243 s at 300 steps and 422 s at 600; Sim-Transformer 708 s
-    at 300, 380 s of it compiling (two train-step compilations of about 2 minutes each, XLA's
-    "very slow compile" alarm); a later seed of a cell loads its programs from the persistent
-    compilation cache (the Yahoo curve's `cls_mlp` runs: 68-114 s compiling at seed 0, 14-36 s after).
-    At those costs (BiMPM taken as Sim-Transformer, stacked runs plus about 200 s of cached phase 1)
-    the 72 runs with all three heads take about 12 hours, these 48 about 7. `head.name=cls_mlp|bimpm|
-    sim_transformer` and `--config.num_seeds=5` restore the full grid (with --allow_config_change in this
+    What the 25 CPU-hours the issue allows for the curve grids and the matched cells left room for.
+    Spent before this grid: CoNLL curve 5.5, CoNLL rescoring 0.4, Yahoo curve 6.7, CoNLL no-cache
+    cells 2.53 process-hours, 0.3 on three Sim-Transformer runs set aside, and 3.1 on 26 runs of a
+    48-run version of this grid (4 recipes x `cls_mlp` and BiMPM) lost with a session's machine before
+    they were committed: 18.5, so 6.5 left. Measured on 2026-11-29, one process per core of a 2-core
+    machine (results.json `wall_time_s` with timings.json's `compilation`): finetune-only `cls_mlp` 816 s
+    at 300 steps (265 s compiling) and 1,213 s at 600 (253 s), finetune-only BiMPM about 1.6-2 s a step;
+    a later seed of a cell loads its programs from the persistent compilation cache. At those costs the
+    18 runs take about 5.8 process-hours. Sim-Transformer stays in the test grid
+    (docs/grids/paper_qqp_test, 300 steps, 5 seeds); `finetune_only_uniform` (BERT's rate for the new
+    head, the paper's one-rate recipe) is in the test grid too. Removing `exclude_cells` and adding the
+    recipes back to the axis restore the two-recipe, two-head grid (with --allow_config_change in this
     workdir)."""
     _start_from(c, paper_qqp.get_config("test"))
     c.base += SELECTION + NEW_RUN_KEYS
@@ -93,27 +93,23 @@ def qqp(c: ml_collections.ConfigDict) -> None:
     c.axes = "; ".join(
         [
             "recipe=finetune_only:strategy=finetune_only"
-            "|finetune_only_uniform:strategy=finetune_only_uniform"
-            "|stack_and_finetune:strategy=stack_and_finetune"
             "|stack_and_finetune_p1_30:strategy=stack_and_finetune,phase1.num_steps=30",
             "head.name=cls_mlp|bimpm",
             f"{AXIS}=" + "|".join(map(str, budgets)),
         ]
     )
+    # The light head is the fine-tuned baseline of the paper's layout only: it is not stacked here.
+    c.exclude_cells = "recipe=stack_and_finetune_p1_30,head.name=cls_mlp"
     c.num_seeds = 3
     c.baseline = "recipe=finetune_only"
-    # Each strategy tuned on the selection slice over its two recipes and the budgets (report-only).
-    c.tuned_recipes = (
-        "recipe=finetune_only|finetune_only_uniform; recipe=stack_and_finetune|stack_and_finetune_p1_30"
-    )
     c.matched = ""  # the budget axis sets the steps (budget_curves.budgets_of refuses both)
-    # The paper's contrast (BiMPM stacked, both recipes, against the light head fine-tuned at one rate
-    # and at its own) at each budget; the report's best-budget rows pair each curve with its baseline.
+    # At each budget: the paper's contrast (stacked BiMPM against the light head fine-tuned) and the
+    # head alone (BiMPM against the light head, both fine-tuned); the baseline rows add the same-head
+    # contrast (stacked BiMPM against fine-tuned BiMPM), the best-budget rows each curve at its best.
     c.comparisons = _at_each_budget(
         [
-            f"recipe={stacked}-name=bimpm vs recipe={tuned}-name=cls_mlp"
-            for stacked in ("stack_and_finetune", "stack_and_finetune_p1_30")
-            for tuned in ("finetune_only_uniform", "finetune_only")
+            "recipe=stack_and_finetune_p1_30-name=bimpm vs recipe=finetune_only-name=cls_mlp",
+            "recipe=finetune_only-name=bimpm vs recipe=finetune_only-name=cls_mlp",
         ],
         budgets,
     )
@@ -125,9 +121,9 @@ def conll(c: ml_collections.ConfigDict) -> None:
     bilstm_crf, the gap rule on entity F1) at 150 / 300 / 600 fine-tuning steps: 4 x 3 x 5 = 60 runs.
 
     Ran 2026-11-28/29 (docs/grids/budget_curves_conll, read in docs/budget_curves_reading.md), one
-    process per core of the 2-core machine: 5.6 process-hours in all (results.json `wall_time_s`: 135-410 s
-    per token_mlp run, 207-627 s per bilstm_crf run), a quarter of the 21 hours estimated from the
-    random-batch test grid at load 4-5."""
+    process per core of the 2-core machine: 5.5 process-hours in all (results.json `wall_time_s`, cell
+    means: 135-410 s per token_mlp run, 207-627 s per bilstm_crf run), a quarter of the 21 hours
+    estimated from the random-batch test grid at load 4-5."""
     _start_from(c, paper_conll.get_config("test"))
     c.base += SELECTION + NEW_RUN_KEYS
     budgets = (150, 300, 600)

@@ -19,10 +19,10 @@ the report flags such a cell, and comparisons with it are marked invalid.
 The small preset's budget, from the pilot (configs/experiments/pilot.py:qqp, committed in
 docs/grids/pilot_qqp: seed 0, dev every 60 steps of 16 pairs): finetune-only dev accuracy for cls_mlp is
 0.715 / 0.752 / 0.768 / 0.755 / 0.780 / 0.778 / 0.798 / 0.789 at 60, 120, ... 480 steps, and for BiMPM
-0.706 / 0.751 / 0.703 / 0.678 / 0.757 / 0.738 / 0.785 / 0.761: both level off from about 300 steps
-(cls_mlp within 2 points after it; BiMPM falls by 7 points between evaluations before it and still swings
-by 2.5 after), so phase 2 and finetune-only get 300 steps (4,800 pairs, 27% of an epoch of the subset).
-Phase 1 and stack-only train the head alone on cached features for 120 steps. Cost: about 0.7 s per
+0.706 / 0.751 / 0.703 / 0.678 / 0.757 / 0.738 / 0.785 / 0.761: one seed, still rising at 300 steps
+(cls_mlp moves within 2 points after it; BiMPM falls by 7 points between evaluations before it and still
+swings by 4.7 after), and phase 2 and finetune-only get 300 steps (4,800 pairs, 27% of an epoch of the
+subset). Phase 1 and stack-only train the head alone on cached features for 120 steps. Cost: about 0.7 s per
 fine-tuning step of one quiet core and 20 s per dev pass (3,000 pairs; three per fine-tuning phase), so
 about 5 minutes per fine-tuning run and 1 per stack-only run: the 80 runs take about 5 core-hours, 2.5
 hours with one shard per core of a quiet machine (the report's cost table gives what they took).

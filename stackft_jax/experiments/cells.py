@@ -1,7 +1,7 @@
 """A grid config's cells: its axes, the runs (cell x seed) they make, the baseline, the ensembles and
-the paper's gains, read from the grid's own keys (`axes`, `num_seeds`, `baseline`, `ensembles`,
-`paper_results`; the command and the keys: experiment.py). Pure parsing: nothing here reads a run's
-config or starts jax (grid.py runs the cells, report.py reads them back).
+the paper's gains, read from the grid's own keys (`axes`, `exclude_cells`, `num_seeds`, `baseline`,
+`ensembles`, `paper_results`; the command and the keys: experiment.py). Pure parsing: nothing here
+reads a run's config or starts jax (grid.py runs the cells, report.py reads them back).
 """
 
 import dataclasses
@@ -80,21 +80,60 @@ def _parse_axes(axes: str) -> list[tuple[str, list[tuple[str, list[str]]]]]:
     return parsed
 
 
+EXCLUDE_KEY = "exclude_cells"
+
+
+def excluded_cells(grid: ml_collections.ConfigDict) -> list[dict[str, str]]:
+    """The grid's `exclude_cells`, "axis=value,axis=value; ...": partial cells that the product of `axes`
+    leaves out (a cell goes when it has every value of one of them; a bundle is named by its label).
+    Checked before any run: every key an axis, every value one of its values, some cell left."""
+    axes = dict(parse_axes(grid.axes))
+    specs = []
+    for part in filter(str.strip, grid.get(EXCLUDE_KEY, "").split(";")):
+        where = f"config key '{EXCLUDE_KEY}': {part.strip()!r}"
+        spec: dict[str, str] = {}
+        for item in part.split(","):
+            key, sep, value = (text.strip() for text in item.partition("="))
+            if not (sep and key and value) or key in spec:
+                raise ConfigError(f"{where} is not `axis=value,axis=value,...` (each axis once)")
+            if key not in axes:
+                raise ConfigError(f"{where}: {key!r} is not an axis ({', '.join(axes)})")
+            if value not in axes[key]:
+                raise ConfigError(f"{where}: {value!r} is not a value of {key} ({'|'.join(axes[key])})")
+            spec[key] = value
+        specs.append(spec)
+    return specs
+
+
+def _is_excluded(cell: tuple[tuple[str, str], ...], specs: list[dict[str, str]]) -> bool:
+    values = dict(cell)
+    return any(all(values[key] == value for key, value in spec.items()) for spec in specs)
+
+
 def runs_of(grid: ml_collections.ConfigDict) -> list[Run]:
-    """Every cell-seed of the grid, seed by seed (the order shards split); a seed's matched-budget cells
-    (`matched`, budgets.py) after its axes' cells, so adding them moves no other run."""
+    """Every cell-seed of the grid, seed by seed (the order shards split), the cells `exclude_cells`
+    names left out of the axes' product; a seed's matched-budget cells (`matched`, budgets.py) after
+    its axes' cells, so adding them moves no other run."""
     axes = _parse_axes(grid.axes)
     keys = [key for key, _ in axes]
     matched = parse_matched(grid, dict(parse_axes(grid.axes)))
+    excluded = excluded_cells(grid)
+
+    def cell_of(values: tuple) -> tuple[tuple[str, str], ...]:
+        return tuple((key, label) for key, (label, _) in zip(keys, values, strict=True))
+
+    combinations = [
+        v for v in itertools.product(*(v for _, v in axes)) if not _is_excluded(cell_of(v), excluded)
+    ]
+    if not combinations:
+        raise ConfigError(f"config key '{EXCLUDE_KEY}' = {grid.get(EXCLUDE_KEY)!r} leaves out every cell")
     runs = []
     for seed in range(grid.num_seeds):
-        combinations = list(itertools.product(*(v for _, v in axes)))
         for values in combinations:
-            cell = tuple((key, label) for key, (label, _) in zip(keys, values, strict=True))
-            runs.append(Run(cell, seed, tuple(item for _, items in values for item in items)))
+            runs.append(Run(cell_of(values), seed, tuple(item for _, items in values for item in items)))
         for m in matched:  # one per combination of the other axes' values, with m.value's settings
             for values in combinations:
-                cell = tuple((key, label) for key, (label, _) in zip(keys, values, strict=True))
+                cell = cell_of(values)
                 if dict(cell)[m.key] == m.value:
                     cell = tuple((key, m.label if key == m.key else label) for key, label in cell)
                     settings = tuple(item for _, items in values for item in items)
@@ -158,7 +197,10 @@ def ensembles_of(grid: ml_collections.ConfigDict) -> list[Ensemble]:
     ensembles = []
     for key, values in specs:
         for run in (r for r in runs if dict(r.cell)[key] == values[0]):
-            members = tuple(by_cell_seed[with_value(run.cell, key, value), run.seed] for value in values)
+            found = [by_cell_seed.get((with_value(run.cell, key, value), run.seed)) for value in values]
+            if None in found:  # a member's cell is one `exclude_cells` leaves out: no ensemble there
+                continue
+            members = tuple(member for member in found if member is not None)
             ensembles.append(Ensemble(Run(with_value(run.cell, key, "+".join(values)), run.seed), members))
     return ensembles
 
@@ -218,6 +260,7 @@ GRID_KEYS = (
     "equivalence_margin",
     "bootstrap_samples",
     "tuned_recipes",
+    EXCLUDE_KEY,
 )
 
 
@@ -230,7 +273,10 @@ def check_grid(grid: ml_collections.ConfigDict) -> None:
     if grid.num_seeds < 1:
         raise ConfigError(f"config key 'num_seeds' = {grid.num_seeds}: run at least 1 seed")
     report_settings(grid)  # report-only numbers: a bad one fails before the runs train, not at the report
-    parse_matched(grid, dict(parse_axes(grid.axes)))
+    if parse_matched(grid, dict(parse_axes(grid.axes))) and excluded_cells(grid):
+        # A matched cell takes its budget from the cells beside it, which a left-out cell may be.
+        raise ConfigError(f"config keys 'matched' and '{EXCLUDE_KEY}' cannot be combined; set one of them")
+    runs_of(grid)  # `exclude_cells` checked: its names, and a cell left
     for key, values in _parse_axes(grid.axes):
         set_keys = {key} | {item.split("=", 1)[0].strip() for _, items in values for item in items}
         overridden = sorted(set_keys & set(GRID_SET_KEYS))
@@ -280,8 +326,9 @@ def comparisons_of(grid: ml_collections.ConfigDict) -> list[Comparison]:
     for part in parts:
         if part == BASELINE_ROWS:
             for cell in cells.values():
-                if dict(cell)[key] != base_value:
-                    other = with_value(cell, key, base_value)
+                other = with_value(cell, key, base_value)
+                # A cell whose baseline cell `exclude_cells` leaves out has no baseline row.
+                if dict(cell)[key] != base_value and other in cells.values():
                     rows.setdefault((cell, other), Comparison(cell, other, configured=False))
             continue
         names = [name.strip() for name in part.split(" vs ")]

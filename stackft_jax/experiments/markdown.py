@@ -491,7 +491,9 @@ def render(grid: ml_collections.ConfigDict, report: dict[str, Any]) -> str:
     lines = [
         "# Experiment report",
         "",
-        f"Base config `{grid.base}`; axes `{grid.axes}`; seeds 0-{grid.num_seeds - 1}; baseline "
+        f"Base config `{grid.base}`; axes `{grid.axes}`"
+        + (f" less the cells `{grid.exclude_cells}`" if grid.get("exclude_cells") else "")
+        + f"; seeds 0-{grid.num_seeds - 1}; baseline "
         f"`{grid.baseline}`; metric `{metric}` on dev (and test where the runs scored one), of the "
         f"parameters each run's `final_params` names ({', '.join(sorted(report['final_params']))}).",
         "",
