@@ -79,10 +79,14 @@ def qqp(c: ml_collections.ConfigDict) -> None:
     cells 2.53 process-hours, 0.3 on three Sim-Transformer runs set aside, and 3.1 on 26 runs of a
     48-run version of this grid (4 recipes x `cls_mlp` and BiMPM) lost with a session's machine before
     they were committed: 18.5, so 6.5 left. Measured on 2026-11-29, one process per core of a 2-core
-    machine (results.json `wall_time_s` with timings.json's `compilation`): finetune-only `cls_mlp` 816 s
-    at 300 steps (265 s compiling) and 1,213 s at 600 (253 s), finetune-only BiMPM about 1.6-2 s a step;
-    a later seed of a cell loads its programs from the persistent compilation cache. At those costs the
-    18 runs take about 5.8 process-hours. Sim-Transformer stays in the test grid
+    machine (results.json `wall_time_s`): finetune-only `cls_mlp` 793 / 1,207 s at 300 / 600 steps at
+    seed 0 (265 / 253 s of it compiling), 386-418 / 707-717 s at seeds 1-2, which load their programs
+    from the persistent compilation cache; finetune-only BiMPM 1,360 / 1,839 s at seed 0 (512 / 478 s
+    compiling), 651-732 s at 300 steps later; stacked BiMPM 1,334 / 1,618 s at seed 0 (the 300-step
+    run's including 204 s building the feature cache). The 16 runs finished on 2026-11-29 took 4.94
+    process-hours (committed with their per-run files, the last two not yet run); the
+    last two, on a fresh machine that compiles again and rebuilds the cache, about 0.9: about 5.8 in
+    all. Sim-Transformer stays in the test grid
     (docs/grids/paper_qqp_test, 300 steps, 5 seeds); `finetune_only_uniform` (BERT's rate for the new
     head, the paper's one-rate recipe) is in the test grid too. Removing `exclude_cells` and adding the
     recipes back to the axis restore the two-recipe, two-head grid (with --allow_config_change in this
