@@ -118,26 +118,21 @@ def runs_of(grid: ml_collections.ConfigDict) -> list[Run]:
     keys = [key for key, _ in axes]
     matched = parse_matched(grid, dict(parse_axes(grid.axes)))
     excluded = excluded_cells(grid)
-
-    def cell_of(values: tuple) -> tuple[tuple[str, str], ...]:
-        return tuple((key, label) for key, (label, _) in zip(keys, values, strict=True))
-
-    combinations = [
-        v for v in itertools.product(*(v for _, v in axes)) if not _is_excluded(cell_of(v), excluded)
-    ]
-    if not combinations:
+    cells = []  # (cell, its settings) per combination of axis values that `exclude_cells` keeps
+    for values in itertools.product(*(v for _, v in axes)):
+        cell = tuple((key, label) for key, (label, _) in zip(keys, values, strict=True))
+        if not _is_excluded(cell, excluded):
+            cells.append((cell, tuple(item for _, items in values for item in items)))
+    if not cells:
         raise ConfigError(f"config key '{EXCLUDE_KEY}' = {grid.get(EXCLUDE_KEY)!r} leaves out every cell")
     runs = []
     for seed in range(grid.num_seeds):
-        for values in combinations:
-            runs.append(Run(cell_of(values), seed, tuple(item for _, items in values for item in items)))
+        runs.extend(Run(cell, seed, settings) for cell, settings in cells)
         for m in matched:  # one per combination of the other axes' values, with m.value's settings
-            for values in combinations:
-                cell = cell_of(values)
+            for cell, settings in cells:
                 if dict(cell)[m.key] == m.value:
-                    cell = tuple((key, m.label if key == m.key else label) for key, label in cell)
-                    settings = tuple(item for _, items in values for item in items)
-                    runs.append(Run(cell, seed, settings, matched=m))
+                    matched_cell = tuple((key, m.label if key == m.key else label) for key, label in cell)
+                    runs.append(Run(matched_cell, seed, settings, matched=m))
     return runs
 
 
