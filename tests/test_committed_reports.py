@@ -36,6 +36,7 @@ COMMITTED = {
     "docs/grids/peft_conll": "configs/experiments/peft.py:conll",
     "docs/grids/budget_curves_conll": "configs/experiments/budget_curves.py:conll",
     "docs/grids/budget_curves_yahoo": "configs/experiments/budget_curves.py:yahoo",
+    "docs/grids/budget_curves_qqp": "configs/experiments/budget_curves.py:qqp",
 }
 # What a grid folder holds besides the committed files (.gitignore): never read by a report.
 NOT_COMMITTED = ("checkpoints", "tensorboard", "locks", "feature_cache")

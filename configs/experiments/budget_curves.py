@@ -6,10 +6,9 @@ reported; test is scored once per run. The report gives each curve on the select
 test, its best budget, each cell against the baseline at the same budget (the comparisons), and each
 curve at its best budget against the baseline's curve at its own (on test).
 
-The CoNLL and Yahoo curves are committed (docs/grids/budget_curves_conll, docs/grids/budget_curves_yahoo);
-QQP's is running, its finished runs committed as they come (the issue caps the three at 25 CPU-hours:
-see each preset's cost). Commands, one
-process per core:
+The three curves are committed (docs/grids/budget_curves_conll, docs/grids/budget_curves_yahoo,
+docs/grids/budget_curves_qqp) and read in docs/budget_curves_reading.md (the issue capped the three at
+25 CPU-hours: see each preset's cost). Commands, one process per core:
   taskset -c 0 python -m stackft_jax.experiment --config=configs/experiments/budget_curves.py:qqp \
     --workdir=docs/grids/budget_curves_qqp &
   taskset -c 1 python -m stackft_jax.experiment --config=configs/experiments/budget_curves.py:qqp \
@@ -83,10 +82,9 @@ def qqp(c: ml_collections.ConfigDict) -> None:
     seed 0 (265 / 253 s of it compiling), 386-418 / 707-717 s at seeds 1-2, which load their programs
     from the persistent compilation cache; finetune-only BiMPM 1,360 / 1,839 s at seed 0 (512 / 478 s
     compiling), 651-732 s at 300 steps later; stacked BiMPM 1,334 / 1,618 s at seed 0 (the 300-step
-    run's including 204 s building the feature cache). The 16 runs finished on 2026-11-29 took 4.94
-    process-hours (committed with their per-run files, the last two not yet run); the
-    last two, on a fresh machine that compiles again and rebuilds the cache, about 0.9: about 5.8 in
-    all. Sim-Transformer stays in the test grid
+    run's including 204 s building the feature cache). The 18 runs took 5.46 process-hours (results.json
+    `wall_time_s`): 4.94 for 16 on that machine, 0.52 for the last two on a later one that found the
+    feature cache on disk; 23.96 of the 25 in all. Sim-Transformer stays in the test grid
     (docs/grids/paper_qqp_test, 300 steps, 5 seeds); `finetune_only_uniform` (BERT's rate for the new
     head, the paper's one-rate recipe) is in the test grid too. Removing `exclude_cells` and adding the
     recipes back to the axis restore the two-recipe, two-head grid (with --allow_config_change in this
