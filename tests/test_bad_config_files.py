@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from stackft_jax.config import config_cli, defaults
+from stackft_jax.runtime import cli_errors
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -95,6 +96,26 @@ BROKEN_FILES = {
 
 
 @pytest.mark.parametrize("case", sorted(BROKEN_FILES))
+def test_a_config_file_that_does_not_load_is_a_users_mistake_with_one_line(tmp_path, case, monkeypatch):
+    """What the command line's boundary prints and exits with (cli_errors.guarded), in process."""
+    text, status, message = BROKEN_FILES[case]
+    config_file = tmp_path / f"{case}_inproc.py"
+    config_file.write_text(text)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # a config file may import from its folder
+    with pytest.raises(BaseException) as raised:  # noqa: PT011 - a file's own exception is the point
+        config_cli.load(str(config_file), [], kind="run")
+    assert cli_errors.exit_code_of(raised.value) == status, raised.value
+    assert cli_errors.message_of(raised.value) == f"{config_file}{message}"
+
+
+# Through the command line itself (status, no traceback, nothing written): two cases, one per status,
+# in the fast tier; the rest in the full suite (each starts an interpreter, about 4 s).
+_CLI_FAST = {"syntax_error", "typo_on_defaults"}
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=() if c in _CLI_FAST else pytest.mark.slow) for c in sorted(BROKEN_FILES)]
+)
 def test_a_config_file_that_does_not_load_is_one_line(tmp_path, case):
     text, status, message = BROKEN_FILES[case]
     config_file = tmp_path / f"{case}.py"

@@ -139,6 +139,7 @@ def test_compile_count(tmp_path):
     assert payload["compiles_after_first_epoch"] <= 2 * train
 
 
+@pytest.mark.slow  # a benchmark's smoke run
 def test_input_pipeline(tmp_path):
     out = tmp_path / "input_pipeline.json"
     input_pipeline.main(
@@ -160,6 +161,7 @@ def test_input_pipeline(tmp_path):
     assert isinstance(payload["target_met"], bool)
 
 
+@pytest.mark.slow  # a benchmark's smoke run
 def test_feature_cache(tmp_path):
     out = tmp_path / "feature_cache.json"
     feature_cache.main(
@@ -183,6 +185,7 @@ def test_feature_cache(tmp_path):
     assert payload["ratios"]["recompute_over_cached"]["losses_match"]
 
 
+@pytest.mark.slow  # a benchmark's smoke run
 def test_profile_step(tmp_path):
     out = tmp_path / "profile_step.json"
     profile_step.main(["--quick", "--model=tiny", "--case=eval,full", f"--out={out}"])

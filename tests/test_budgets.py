@@ -163,6 +163,7 @@ def one_device(monkeypatch):
     monkeypatch.setattr(jax, "device_count", lambda: 1)
 
 
+@pytest.mark.slow  # reads a committed grid's runs
 @pytest.mark.parametrize("task", COMMITTED_TEST_GRIDS)
 def test_a_committed_grids_matched_runs_plan_the_steps_and_budget_they_ran(task, one_device, tmp_path):
     """Their presets name them in `matched_light_heads` (planned before every head had its FLOPs):
@@ -217,6 +218,7 @@ def test_a_new_grid_counts_every_heads_flops(one_device, tmp_path):
     grid.plan_grid(g, fresh)
 
 
+@pytest.mark.slow  # reads the committed grids' runs
 def test_the_no_cache_presets_add_cells_that_count_every_head(one_device, tmp_path):
     """paper_*.py:test_no_cache: the test grid plus finetune-only at stack-and-finetune's standalone
     no-cache FLOPs, every head counted; on the committed workdir its matched runs stay finished."""
@@ -297,6 +299,7 @@ def test_a_gap_metric_the_task_does_not_score_is_named():
         spec.resolve(config)
 
 
+@pytest.mark.slow  # reads a committed grid's runs
 def test_the_committed_conll_grid_ran_with_the_token_accuracy_gap_and_still_reads_as_finished(tmp_path):
     workdir = REPO / "docs/grids/paper_conll_small"
     small = config_cli.load("configs/experiments/paper_conll.py:small", [], kind="grid")

@@ -180,6 +180,7 @@ def test_a_truncated_config_json_in_main_and_predict(uninterrupted, tmp_path, ru
     assert _snapshot(run) == before
 
 
+@pytest.mark.slow  # reads a run trained end to end (the session fixture)
 def test_a_non_json_data_files_json_in_main(uninterrupted, tmp_path, run_cli):
     run = _copy(uninterrupted, tmp_path)
     (run / "data_files.json").write_text("data.train_file: tests/fixtures/qqp/train.tsv\n")
@@ -362,6 +363,7 @@ def test_ids_beyond_the_embedding_table_are_refused_with_the_example_and_the_id(
         inference.check_ids_fit(windows, examples, 400, tmp_path)
 
 
+@pytest.mark.slow  # reads a run trained end to end (the session fixture)
 def test_a_cut_prediction_file_in_an_ensemble_and_a_broken_gzip_one(uninterrupted, tmp_path):
     from stackft_jax.experiments import ensembling
     from stackft_jax.training import prediction_files

@@ -153,6 +153,7 @@ def test_a_bad_value_in_a_later_cell_fails_before_any_cell_trains(tmp_path):
     assert not (workdir / "runs").exists()
 
 
+@pytest.mark.slow  # runs a grid end to end
 def test_a_grid_shares_one_feature_cache_between_its_cells(tmp_path):
     g = _grid(
         base="configs/tiny.py:strategy=stack_only,phase1.backbone_dropout=false,phase1.feature_cache=true,"

@@ -88,12 +88,13 @@ def qqp(c: ml_collections.ConfigDict) -> None:
     seed 0 (265 / 253 s of it compiling), 386-418 / 707-717 s at seeds 1-2, which load their programs
     from the persistent compilation cache; finetune-only BiMPM 1,360 / 1,839 s at seed 0 (512 / 478 s
     compiling), 651-732 s at 300 steps later; stacked BiMPM 1,334 / 1,618 s at seed 0 (the 300-step
-    run's including 204 s building the feature cache). The first 18 runs took 5.46 process-hours:
-    4.94 for 16 on that machine, 0.52 for two stacked runs on a later one that found the feature cache
-    on disk. Sim-Transformer stays in the test grid (docs/grids/paper_qqp_test: stacked at 300 phase-2
+    run's including 204 s building the feature cache). The 21 runs took 6.11 process-hours: 4.94 for
+    16 on that machine, 0.52 for two stacked runs on a later one that found the feature cache on disk,
+    0.65 for the three one-rate BiMPM runs there (783-784 s each): 24.64 of the 25 in all.
+    Sim-Transformer stays in the test grid (docs/grids/paper_qqp_test: stacked at 300 phase-2
     steps, fine-tuned at 300 and at matched FLOPs), as does `finetune_only_uniform` `cls_mlp`.
-    Removing `exclude_cells` and adding the recipes back to the axis restore the two-recipe, two-head
-    grid (with --allow_config_change in this workdir)."""
+    Removing `exclude_cells` and adding the 120-step stacked recipe back to the axis restore the 48-run
+    version (four recipes x two heads; with --allow_config_change in this workdir)."""
     _start_from(c, paper_qqp.get_config("test"))
     c.base += SELECTION + NEW_RUN_KEYS
     budgets = (300, 600)
