@@ -77,7 +77,7 @@ def qqp(c: ml_collections.ConfigDict) -> None:
     points higher (every seed, Holm 0.101; docs/grids/paper_qqp_small). The 18-run version ran the
     new-head rate for BiMPM only, on a sign misread of that row; the three `finetune_only_uniform`
     BiMPM runs at 300 steps (what the 25-hour cap left; 600 steps would pass it) give the same-head
-    contrast against the recipe the dev grid found better as well.
+    contrast against the recipe the dev grid scored higher as well (not shown after Holm there).
 
     What the 25 CPU-hours the issue allows for the curve grids and the matched cells left room for.
     Spent before this grid: CoNLL curve 5.5, CoNLL rescoring 0.4, Yahoo curve 6.7, CoNLL no-cache
