@@ -125,8 +125,8 @@ def qqp(c: ml_collections.ConfigDict) -> None:
     # The same-head contrast against the one-rate BiMPM too (300 steps: the cell it has). The baseline
     # rows add one-rate against new-head-rate BiMPM.
     c.comparisons = (
-        "recipe=stack_and_finetune_p1_30-name=bimpm-budget_steps=300"
-        " vs recipe=finetune_only_uniform-name=bimpm-budget_steps=300; "
+        f"recipe=stack_and_finetune_p1_30-name=bimpm-{AXIS}=300"
+        f" vs recipe=finetune_only_uniform-name=bimpm-{AXIS}=300; "
     ) + _at_each_budget(
         [
             "recipe=stack_and_finetune_p1_30-name=bimpm vs recipe=finetune_only-name=cls_mlp",
